@@ -1,0 +1,192 @@
+"""`Engine`: one generation API over every decoding mode."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Sequence as Seq
+
+import torch
+
+from .kv_cache import KVCache
+from .models import (DEFAULT_DRAFT_LAYERS, default_target, load_model_and_tokenizer, resolve_device,
+                     truncated_draft)
+from .params import MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
+from .sequence import Sequence, StopRule
+from .speculative import draft_round, prefill, verify_round
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """A target model, an optional draft model sharing its vocabulary, and a tokenizer."""
+
+    def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
+                 target_name: str = "target", draft_name: str = "draft"):
+        self.target = target_model.eval()
+        self.draft = draft_model.eval() if draft_model is not None else None
+        self.tokenizer = tokenizer
+        self.target_name, self.draft_name = target_name, draft_name
+        model_vocab = target_model.get_output_embeddings().weight.shape[0]
+        # sample only over real tokens: the embedding matrix may be padded past the tokenizer
+        self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else model_vocab)
+        self.vocab_size = min(self.vocab_size, model_vocab)
+        if self.draft is not None:
+            draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
+            if draft_vocab < self.vocab_size:
+                raise ValueError(f"draft {draft_name} has {draft_vocab} output tokens but target "
+                                 f"{target_name} samples over {self.vocab_size}: they must share a vocabulary")
+        eos = getattr(target_model.generation_config, "eos_token_id", None)
+        if eos is None and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    @classmethod
+    def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
+                        dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS) -> "Engine":
+        """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
+        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers."""
+        dev = resolve_device(device)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        target = target or default_target()
+        target_model, tokenizer = load_model_and_tokenizer(target, dev, dtype)
+        if draft is None:
+            draft_model, draft_name = truncated_draft(target_model, draft_layers), f"{target}[:{draft_layers} layers]"
+        else:
+            draft_model, draft_tokenizer = load_model_and_tokenizer(draft, dev, dtype)
+            check_same_vocabulary(tokenizer, draft_tokenizer, target, draft)
+            draft_name = draft
+        return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
+
+    # ------------------------------------------------------------------ prompts
+    def render_prompt(self, user: str, assistant_prefix: str = "", system: str | None = None) -> str:
+        """Wrap a user message in the tokenizer's chat template when it has one."""
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            return user + assistant_prefix
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + assistant_prefix
+
+    def encode(self, prompts: Seq[str] | Seq[Seq[int]]) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Seq):
+            raise ValueError("prompts must be a list of strings or a list of token-id lists")
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        encoded = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise ValueError("string prompts need a tokenizer; pass token-id lists or a tokenizer")
+                ids = self.tokenizer(p, add_special_tokens=False)["input_ids"] if p else []
+            else:
+                ids = [int(t) for t in p]
+            if not ids:
+                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
+            if max(ids) >= self.target.get_input_embeddings().weight.shape[0] or min(ids) < 0:
+                raise ValueError(f"prompt {i} has a token id outside the model's vocabulary")
+            encoded.append(ids)
+        return encoded
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
+                 k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1) -> list[GenerationResult]:
+        """Generate for every prompt; results come back in prompt order."""
+        params = params or SamplingParams()
+        if mode == "seed":
+            return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch))
+        seqs, k_config = self._start(prompts, params, mode, k_config)
+        start = time.perf_counter()
+        if mode == "parallel":
+            from .parallel import generate_parallel
+            generate_parallel(self.target, seqs, params, self.vocab_size)
+        else:
+            tree_shape = (1,) * len(k_config) if mode == "sd" else k_config
+            for seq in seqs:
+                self._run_serial(seq, mode, tree_shape, params)
+        return self._finish(seqs, start)
+
+    async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str = "seed",
+                        k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1) -> list[GenerationResult]:
+        """The coroutine form, for callers that already run an event loop. Non-seed modes run in a thread."""
+        params = params or SamplingParams()
+        if mode != "seed":
+            return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch)
+        from .seed import SeedScheduler
+        seqs, k_config = self._start(prompts, params, mode, k_config)
+        start = time.perf_counter()
+        scheduler = SeedScheduler(self, params, k_config, n_workers=n_workers, verify_batch=verify_batch)
+        await scheduler.run(seqs)
+        return self._finish(seqs, start)
+
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        k_config = check_k_config(k_config)
+        if mode in ("sd", "mcsd", "seed") and self.draft is None:
+            raise ValueError(f"mode {mode!r} needs a draft model")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        encoded = self.encode(prompts)
+        rule = StopRule(params, self.eos_ids, self.tokenizer)
+        seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
+        if mode != "parallel":
+            self._prefill_shared(seqs, with_draft=mode != "ar")
+        return seqs, k_config
+
+    def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
+        """Prefill each model once per distinct prompt; copies of a prompt share that prefix KV."""
+        by_prompt: dict[tuple[int, ...], Sequence] = {}
+        for seq in seqs:
+            first = by_prompt.get(tuple(seq.prompt))
+            if first is None:
+                by_prompt[tuple(seq.prompt)] = seq
+                start = time.perf_counter()
+                seq.target = KVCache()
+                prefill(self.target, seq.target, seq.prompt)
+                seq.stats.target_busy_s += time.perf_counter() - start
+                if with_draft:
+                    seq.draft = KVCache()
+                    prefill(self.draft, seq.draft, seq.prompt)
+            else:
+                seq.target = first.target.fork()
+                seq.draft = first.draft.fork() if with_draft else None
+
+    def _run_serial(self, seq: Sequence, mode: str, k_config: tuple[int, ...], params: SamplingParams) -> None:
+        from .draft_tree import DraftTree
+        while not seq.done:
+            if mode == "ar":
+                verify_round(self.target, seq, DraftTree.empty(self.vocab_size), params, self.vocab_size)
+            else:
+                tree, node_entry = draft_round(self.draft, seq, k_config, params, self.vocab_size)
+                verify_round(self.target, seq, tree, params, self.vocab_size, node_entry)
+
+    @staticmethod
+    def _finish(seqs: list[Sequence], start: float) -> list[GenerationResult]:
+        wall = time.perf_counter() - start
+        results = []
+        for seq in seqs:
+            seq.stats.wall_s = wall
+            results.append(seq.result())
+        return results
+
+
+def summarize(results: list[GenerationResult]) -> GenerationStats:
+    """Sum the per-sequence counters of one call (wall time is the call's)."""
+    total = GenerationStats()
+    for r in results:
+        total.add(r.stats)
+    total.wall_s = max((r.stats.wall_s for r in results), default=0.0)
+    total.events = next((r.stats.events for r in results if r.stats.events), [])
+    return total
+
+
+def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Draft and target must map the same token ids to the same strings."""
+    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    t_by_id = {i: s for s, i in t_vocab.items()}
+    d_by_id = {i: s for s, i in d_vocab.items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            raise ValueError(f"draft {draft_name} and target {target_name} have different vocabularies: "
+                             f"token id {i} is {d_by_id.get(i)!r} in the draft and {t_by_id.get(i)!r} in the target")

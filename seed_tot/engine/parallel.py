@@ -1,0 +1,45 @@
+"""The Parallel baseline (the SEED paper's Fig. 1(d)): batched AR over all prompts.
+
+Prompts are left-padded to one length; position ids come from the attention mask so that each
+row sees exactly the positions it would see alone. Rows that have stopped keep riding along
+(their tokens are ignored) until every row is done, as a static batch does.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from .params import SamplingParams
+from .sampling import process_logits, sample
+from .sequence import Sequence
+
+
+@torch.inference_mode()
+def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab_size: int) -> None:
+    device = model.device
+    width = max(len(s.prompt) for s in seqs)
+    pad = 0
+    input_ids = torch.tensor([[pad] * (width - len(s.prompt)) + s.prompt for s in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in seqs], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    while True:
+        start = time.perf_counter()
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True).logits[:, -1]
+        probs = process_logits(logits, params, vocab_size)
+        busy = time.perf_counter() - start
+        next_ids = []
+        for row, seq in enumerate(seqs):
+            if not seq.done:
+                seq.stats.target_calls += 1
+                seq.stats.target_busy_s += busy
+                seq.append([sample(probs[row], seq.generator)])
+            next_ids.append(seq.generated[-1] if seq.generated else pad)
+        if all(s.done for s in seqs):
+            return
+        input_ids = torch.tensor(next_ids, device=device)[:, None]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1

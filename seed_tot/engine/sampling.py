@@ -1,0 +1,37 @@
+"""Turn logits into the exact distributions that are sampled from (draft q and target p alike)."""
+from __future__ import annotations
+
+import torch
+
+from .params import SamplingParams
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, vocab_size: int) -> torch.Tensor:
+    """logits [..., V_model] -> float32 probabilities [..., vocab_size] after temperature, top-k, top-p.
+
+    Both models go through this one function, so q and p are processed identically and share a dtype.
+    Columns past `vocab_size` (embedding padding beyond the tokenizer) are never sampled.
+    Greedy (temperature 0) gives the one-hot of the argmax.
+    """
+    logits = logits[..., :vocab_size].float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), vocab_size).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < vocab_size:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens strictly more likely than it already cover top_p (keeps >= 1)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from a 1-D distribution (argmax when it is one-hot, without spending randomness)."""
+    if probs.max() == 1.0:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,75 @@
+"""Lossless verification of a draft tree against the target: the one module every mode uses.
+
+Walk down the tree from the root. At a node, the target's distribution p for the next token is
+known (one target forward scored every node). Try the node's children in order:
+  accept child x with probability min(1, p(x) / q(x))
+  on rejection: p <- norm(max(0, p - q)); without replacement also q(x) <- 0, q <- norm(q)
+The first accepted child becomes the new node; if every child is rejected the next token is drawn
+from the residual p; a leaf whose children are all accepted yields a bonus token drawn from p.
+This is speculative sampling (Leviathan et al. 2023) on a chain and multi-candidate speculative
+sampling (Yang et al. 2024) on a tree, and the output has exactly the target's distribution.
+Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .draft_tree import DraftTree
+from .sampling import sample
+
+
+@dataclass
+class Acceptance:
+    path: list[int]  # accepted node indices, root to leaf
+    tokens: list[int]  # their tokens followed by the corrected or bonus token
+    resampled: bool  # True when the last token replaced a rejected draft (False: bonus)
+
+
+def _normalise(x: torch.Tensor) -> torch.Tensor:
+    total = x.sum()
+    return x / total if total > 0 else x
+
+
+def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
+                  generator: torch.Generator | None) -> Acceptance:
+    """target_probs[0] is p after the root, target_probs[i + 1] is p after node i (float32, like q)."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(i)
+    path: list[int] = []
+    node = -1
+    while True:
+        p = target_probs[node + 1]
+        kids = children.get(node, [])
+        if not kids:  # all drafts on this path accepted (or none drafted): bonus token from p
+            return Acceptance(path, [tree.tokens[i] for i in path] + [sample(p, generator)], False)
+        if greedy:
+            best = int(p.argmax())
+            match = next((c for c in kids if tree.tokens[c] == best), None)
+            if match is None:
+                return Acceptance(path, [tree.tokens[i] for i in path] + [best], True)
+            path.append(match)
+            node = match
+            continue
+        residual = p.clone()
+        q = tree.draft_probs[kids[0]].clone()
+        for c in kids:
+            if not tree.without_replacement:
+                q = tree.draft_probs[c]
+            x = tree.tokens[c]
+            u = torch.rand((), generator=generator, dtype=residual.dtype)
+            if q[x] > 0 and u * q[x] < residual[x]:  # u < p(x)/q(x), without dividing by zero
+                path.append(c)
+                node = c
+                break
+            residual = _normalise(torch.clamp(residual - q, min=0))
+            if tree.without_replacement:
+                q = q.clone()
+                q[x] = 0
+                q = _normalise(q)
+        else:
+            if residual.sum() <= 0:  # only reachable through float round-off when p == q
+                residual = p
+            return Acceptance(path, [tree.tokens[i] for i in path] + [sample(residual, generator)], True)
