@@ -95,8 +95,8 @@ class Engine:
         params = params or SamplingParams()
         if mode == "seed":
             return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch))
+        start = time.perf_counter()  # wall time includes prefill, like the busy time does
         seqs, k_config = self._start(prompts, params, mode, k_config)
-        start = time.perf_counter()
         if mode == "parallel":
             from .parallel import generate_parallel
             generate_parallel(self.target, seqs, params, self.vocab_size)
@@ -113,8 +113,8 @@ class Engine:
         if mode != "seed":
             return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch)
         from .seed import SeedScheduler
-        seqs, k_config = self._start(prompts, params, mode, k_config)
         start = time.perf_counter()
+        seqs, k_config = self._start(prompts, params, mode, k_config)
         scheduler = SeedScheduler(self, params, k_config, n_workers=n_workers, verify_batch=verify_batch)
         await scheduler.run(seqs)
         return self._finish(seqs, start)

@@ -93,3 +93,72 @@ class KVCache:
             else:
                 layer.keys = layer.keys[..., index, :]
                 layer.values = layer.values[..., index, :]
+
+
+def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]]) -> list[torch.Tensor]:
+    """Score new entries of several sequences in ONE padded forward (SEED's verify_batch).
+
+    Each row's committed KV is left-padded to the longest prefix and its new entries right-padded
+    to the longest query; the 4D mask hides padding, so every row attends exactly to what its own
+    `KVCache.forward` would. Afterwards each cache takes back its own slice (and stays unpadded).
+    """
+    device, dtype = model.device, model.dtype
+    for kv in caches:
+        if kv.parents:
+            raise RuntimeError("forward_batch needs caches without uncommitted entries")
+    n_prefix = max(kv.committed for kv in caches)
+    n_query = max(len(t) for t in tokens)
+    batch = len(caches)
+    allowed = torch.zeros(batch, n_query, n_prefix + n_query, dtype=torch.bool)
+    positions = torch.zeros(batch, n_query, dtype=torch.long)
+    input_ids = torch.zeros(batch, n_query, dtype=torch.long)
+    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+        depth: list[int] = []
+        for row, p in enumerate(pars):
+            depth.append(1 + (depth[p] if p >= 0 else 0))
+            positions[b, row] = kv.committed + depth[row] - 1
+            allowed[b, row, n_prefix - kv.committed: n_prefix] = True
+            entry = row
+            while entry >= 0:
+                allowed[b, row, n_prefix + entry] = True
+                entry = pars[entry]
+        input_ids[b, : len(toks)] = torch.tensor(toks)
+        for row in range(len(toks), n_query):  # padding queries see only themselves (no NaN rows)
+            allowed[b, row, n_prefix + row] = True
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    stacked = DynamicCache()
+    for layer_idx, (k_shape, _) in enumerate(_layer_shapes(model, caches)):
+        keys, values = [], []
+        for kv in caches:
+            k, v = _layer_kv(kv, layer_idx, k_shape, device, dtype)
+            pad = n_prefix - k.shape[-2]
+            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
+    out = model(input_ids=input_ids.to(device), position_ids=positions.to(device),
+                attention_mask=mask[:, None].to(device), past_key_values=stacked, use_cache=True)
+    logits = []
+    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+        keep = slice(n_prefix - kv.committed, n_prefix + len(toks))
+        fresh = DynamicCache()
+        for layer_idx, layer in enumerate(stacked.layers):
+            fresh.update(layer.keys[b: b + 1, :, keep], layer.values[b: b + 1, :, keep], layer_idx)
+        kv.cache = fresh
+        kv.parents = list(pars)
+        logits.append(out.logits[b, : len(toks)])
+    return logits
+
+
+def _layer_shapes(model, caches: list[KVCache]):
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return [((1, heads, 0, head_dim), None)] * config.num_hidden_layers
+
+
+def _layer_kv(kv: KVCache, layer_idx: int, empty_shape, device, dtype):
+    layers = kv.cache.layers
+    if layer_idx < len(layers) and getattr(layers[layer_idx], "is_initialized", False) and layers[layer_idx].keys is not None:
+        return layers[layer_idx].keys, layers[layer_idx].values
+    empty = torch.zeros(empty_shape, device=device, dtype=dtype)  # a one-token prompt has no prefix yet
+    return empty, empty

@@ -13,6 +13,7 @@ import time
 import torch
 
 from .draft_tree import DraftTree
+from .kv_cache import forward_batch
 from .params import SamplingParams
 from .sampling import process_logits
 from .sequence import Sequence
@@ -92,9 +93,45 @@ def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, 
     seq.stats.target_calls += 1
     seq.stats.target_busy_s += time.perf_counter() - start
     seq.stats.accepted += len(acc.path)
+    _commit_draft(seq, acc, node_entry)
+    seq.append(acc.tokens)
+    return acc
+
+
+@torch.inference_mode()
+def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], params: SamplingParams,
+                       vocab_size: int) -> list[Acceptance]:
+    """verify_round for several sequences in one padded target forward; lossless per sequence."""
+    if len(jobs) == 1:
+        return [verify_round(model, jobs[0][0], jobs[0][1], params, vocab_size, jobs[0][2])]
+    start = time.perf_counter()
+    caches, tokens, parents, n_pending = [], [], [], []
+    for seq, tree, _ in jobs:
+        pending = seq.pending(seq.target)
+        n_p = len(pending)
+        caches.append(seq.target)
+        tokens.append(pending + tree.tokens)
+        parents.append(_chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents])
+        n_pending.append(n_p)
+    all_logits = forward_batch(model, caches, tokens, parents)
+    busy = time.perf_counter() - start
+    accepted = []
+    for (seq, tree, node_entry), logits, n_p in zip(jobs, all_logits, n_pending):
+        target_probs = process_logits(logits[n_p - 1:], params, vocab_size)
+        acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
+        seq.target.commit(list(range(n_p)) + [n_p + i for i in acc.path])
+        seq.stats.target_calls += 1
+        seq.stats.target_busy_s += busy / len(jobs)
+        seq.stats.accepted += len(acc.path)
+        _commit_draft(seq, acc, node_entry)
+        seq.append(acc.tokens)
+        accepted.append(acc)
+    return accepted
+
+
+def _commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:
+    """The draft cache keeps its pending tokens and the accepted nodes it had already fed."""
     if seq.draft is not None and node_entry is not None:
         n_draft_pending = len(seq.draft.parents) - len(node_entry)
         fed_path = [node_entry[i] for i in acc.path if i in node_entry]
         seq.draft.commit(list(range(n_draft_pending)) + fed_path)
-    seq.append(acc.tokens)
-    return acc

@@ -1,0 +1,208 @@
+"""The `seed-tot` command line: generate, solve, score (and bench, see seed_tot.bench)."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from seed_tot.cli_options import DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_k_config
+
+log = logging.getLogger("seed_tot")
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="-v: info logs, -vv: debug logs.")
+def main(verbose: int) -> None:
+    """Tree-of-thoughts reasoning on a scheduled speculative decoding (SEED) engine."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
+@click.option("--mode", type=MODE_CHOICE, default="seed", show_default=True)
+@model_options
+@click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True, help="Draft tree shape, e.g. 2,2,1.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--num-samples", "-n", type=int, default=1, show_default=True, help="Copies of the prompt (a ToT thought batch).")
+@click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: all).")
+@click.option("--verify-batch", type=int, default=1, show_default=True, help="SEED: drafts verified per target forward.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None, help="Write a Chrome/Perfetto trace here.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
+def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
+             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json):
+    """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
+    from seed_tot import SamplingParams
+    from seed_tot.engine import summarize
+
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give a PROMPT or --prompt-file, not both")
+    text = Path(prompt_file).read_text(encoding="utf-8") if prompt_file else (prompt or DEFAULT_PROMPT)
+    try:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                stop=stop, seed=seed)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    engine = load_engine(target, draft, draft_layers, device, dtype)
+    rendered = text if raw else engine.render_prompt(text)
+    with _tracing(trace_dir, "generate") as tracer:
+        results = engine.generate([rendered] * num_samples, params, mode=mode, k_config=k_config,
+                                  n_workers=n_workers, verify_batch=verify_batch)
+        tracer.add_call(mode, results)
+    for i, r in enumerate(results):
+        if as_json:
+            click.echo(json.dumps({"index": i, "text": r.text, "token_ids": r.token_ids,
+                                   "finish_reason": r.finish_reason, "stats": r.stats.to_dict()}))
+        else:
+            click.echo(f"--- {i} ({r.finish_reason}, {len(r.token_ids)} tokens)\n{r.text}")
+    total = summarize(results)
+    if not as_json:
+        click.echo(f"--- mode={mode} k_config={','.join(map(str, k_config))} target={engine.target_name} "
+                   f"draft={engine.draft_name}")
+        click.echo(f"wall {total.wall_s:.2f}s  tokens {total.new_tokens}  tokens/s {total.new_tokens / max(total.wall_s, 1e-9):.1f}  "
+                   f"acceptance {total.acceptance_rate:.3f}  tokens/target call {total.tokens_per_target_call:.2f}  "
+                   f"target calls {total.target_calls}  draft calls {total.draft_calls}  "
+                   f"target busy {total.target_busy_fraction:.0%}")
+
+
+@main.command()
+@click.argument("task_name", metavar="TASK")
+@click.option("--data", type=click.Path(), default=None, help="Local data file (default: the task's Hub dataset or generator).")
+@click.option("--limit", type=int, default=None)
+@click.option("--offset", type=int, default=0, show_default=True)
+@click.option("--config", "config_file", type=click.Path(), default=None, help="YAML settings (default: configs/TASK.yaml).")
+@click.option("--mode", type=MODE_CHOICE, default=None)
+@model_options
+@click.option("--k-config", callback=parse_k_config, default=None)
+@click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None)
+@click.option("--temperature", type=float, default=None)
+@click.option("--max-new-tokens", type=int, default=None)
+@click.option("--n-workers", type=int, default=None)
+@click.option("--verify-batch", type=int, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
+@click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
+def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
+          algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir):
+    """Solve a dataset with tree-of-thoughts search; results are written as they finish."""
+    from seed_tot.search import apply_overrides, load_settings, solve_dataset
+
+    task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
+    settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
+                               max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch, seed=seed)
+    engine = load_engine(target, draft, draft_layers, device, dtype)
+    with _tracing(trace_dir, "solve") as tracer:
+        summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume)
+    click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+
+
+def _task_setup(task_name, config_file, data, limit, offset):
+    from seed_tot.search import load_settings
+    from tasks import get_task
+
+    try:
+        task = get_task(task_name)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if config_file is None:
+        default = Path(__file__).resolve().parent.parent / "configs" / f"{task.name}.yaml"
+        config_file = default if default.is_file() else None
+    settings = load_settings(config_file, base=task.config)
+    if data is not None and not Path(data).is_file():
+        raise click.UsageError(f"--data {data}: no such file")
+    examples = task.load(data, limit=limit, offset=offset)
+    return task, settings, examples
+
+
+@main.command()
+@click.argument("task_name", metavar="TASK")
+@click.option("--data", type=click.Path(), default=None, help="The data the predictions answer.")
+@click.option("--predictions", type=click.Path(exists=True, dir_okay=False), required=True,
+              help='JSONL, one {"id", "prediction"} per line.')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with n, correct and accuracy.")
+def score(task_name, data, predictions, as_json):
+    """Rescore saved predictions against the task's data."""
+    from tasks import get_task
+    from tasks.loading import DataError
+
+    try:
+        task = get_task(task_name)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if data is not None and not Path(data).is_file():
+        raise click.UsageError(f"--data {data}: no such file")
+    examples = {ex.id: ex for ex in task.load(data)}
+    rows = []
+    with open(predictions, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{predictions}:{lineno}: expected a JSON object ({err.msg})") from None
+            if not isinstance(record, dict) or "id" not in record or "prediction" not in record:
+                raise DataError(f'{predictions}:{lineno}: expected {{"id": ..., "prediction": ...}}')
+            example = examples.get(str(record["id"]))
+            if example is None:
+                raise DataError(f"{predictions}:{lineno}: id {record['id']!r} is not in the task's data")
+            rows.append(task.score(example, str(record["prediction"])))
+    n = len(rows)
+    if rows and "correct" in rows[0]:
+        correct = sum(bool(r["correct"]) for r in rows)
+        out = {"n": n, "correct": correct, "accuracy": correct / n if n else 0.0}
+    else:
+        mean = sum(float(r.get("score", 0.0)) for r in rows) / n if n else 0.0
+        out = {"n": n, "mean_score": mean}
+    click.echo(json.dumps(out) if as_json else "  ".join(f"{k}={v}" for k, v in out.items()))
+
+
+class _NoTrace:
+    def add_call(self, mode, results) -> None:
+        pass
+
+    def wrap(self, engine):
+        return engine
+
+
+class _tracing:
+    """--trace DIR: a Chrome trace of the engine events (see seed_tot.trace); no-op without DIR."""
+
+    def __init__(self, trace_dir, name: str):
+        self.trace_dir, self.name = trace_dir, name
+
+    def __enter__(self):
+        if self.trace_dir is None:
+            self.tracer = _NoTrace()
+        else:
+            from seed_tot.trace import TraceRecorder
+            self.tracer = TraceRecorder(Path(self.trace_dir), self.name)
+            self.tracer.start()
+        return self.tracer
+
+    def __exit__(self, *exc):
+        if self.trace_dir is not None:
+            path = self.tracer.finish()
+            click.echo(f"trace written to {path}", err=True)
+        return False
+
+
+def _register_bench() -> None:
+    from seed_tot.bench import bench
+    main.add_command(bench)
+
+
+_register_bench()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Run settings: a task's `SearchConfig`, overridden by a YAML file, overridden by the command line.
+
+The YAML file is flat (see configs/*.yaml): search keys (depth, n_generate, breadth, temperature,
+max_new_tokens, value_threshold, extra), engine keys (mode, k_config, n_workers, verify_batch,
+seed) and run keys (algorithm, max_expansions, task). An unknown key is an error rather than
+silently ignored, because a typo such as `bredth: 5` would otherwise run the default search.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from seed_tot.engine.params import MODES, check_k_config
+
+from .dfs import DEFAULT_MAX_EXPANSIONS
+from .llm import DecodingSettings
+from .protocol import SearchConfig
+
+ALGORITHMS = ("bfs", "dfs")
+
+
+class ConfigError(ValueError):
+    """A bad settings file or override; the message names the file (or the command line) and key."""
+
+
+@dataclass
+class RunSettings:
+    """Everything `solve_dataset` needs besides the engine, the task and the examples."""
+
+    search: SearchConfig = field(default_factory=SearchConfig)
+    algorithm: str = "bfs"
+    mode: str = "seed"
+    k_config: tuple[int, ...] = (1, 1, 1)
+    n_workers: int | None = None  # draft workers (seed mode); None: the engine's default
+    verify_batch: int = 1
+    seed: int = 0
+    max_expansions: int = DEFAULT_MAX_EXPANSIONS  # DFS only
+    task: str | None = None  # the task a config file was written for (informational)
+    source: str | None = None  # the YAML file these settings came from
+
+    def decoding(self) -> DecodingSettings:
+        return DecodingSettings(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
+                                verify_batch=self.verify_batch, temperature=self.search.temperature,
+                                max_new_tokens=self.search.max_new_tokens, seed=self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["k_config"] = list(self.k_config)
+        return d
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _optional_positive_int(value: Any) -> int | None:
+    return None if value is None else _positive_int(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _temperature(value: Any) -> float:
+    t = _number(value)
+    if t < 0:
+        raise ValueError(f"expected a number >= 0 (0 = greedy), got {value!r}")
+    return t
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+    return check
+
+
+def _k_config(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):  # "2,2,1" from a command line
+        value = [part for part in value.replace(" ", "").split(",") if part]
+    return check_k_config(value)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+# key -> (checker, whether it lives on SearchConfig)
+_KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
+    "depth": (_positive_int, True),
+    "n_generate": (_positive_int, True),
+    "breadth": (_positive_int, True),
+    "temperature": (_temperature, True),
+    "max_new_tokens": (_positive_int, True),
+    "value_threshold": (_number, True),
+    "extra": (_mapping, True),
+    "algorithm": (_one_of(ALGORITHMS), False),
+    "mode": (_one_of(MODES), False),
+    "k_config": (_k_config, False),
+    "n_workers": (_optional_positive_int, False),
+    "verify_batch": (_positive_int, False),
+    "seed": (_integer, False),
+    "max_expansions": (_positive_int, False),
+    "task": (_text, False),
+}
+SETTING_KEYS = tuple(_KEYS)
+
+
+def _copy(settings: RunSettings) -> RunSettings:
+    search = dataclasses.replace(settings.search, extra=dict(settings.search.extra))
+    return dataclasses.replace(settings, search=search)
+
+
+def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_none: bool) -> RunSettings:
+    updated = _copy(settings)
+    for key, raw in values.items():
+        if key not in _KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(SETTING_KEYS)}")
+        if raw is None and skip_none:
+            continue
+        check, on_search = _KEYS[key]
+        try:
+            value = check(raw)
+        except ValueError as err:
+            raise ConfigError(f"{where}: key {key!r}: {err}") from None
+        if key == "extra":  # merged, so a file can set one task option and keep the others
+            updated.search.extra.update(value)
+        else:
+            setattr(updated.search if on_search else updated, key, value)
+    return updated
+
+
+def load_settings(path: str | Path | None, base: SearchConfig | None = None) -> RunSettings:
+    """Settings from `base` (the task's own config; SearchConfig() when None) and the YAML file at
+    `path` (None: no file). Raises ConfigError naming the file and key for any bad value."""
+    settings = RunSettings(search=dataclasses.replace(base, extra=dict(base.extra)) if base else SearchConfig())
+    if path is None:
+        return settings
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{file}: cannot read the config file ({err.strerror or err})") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{file}: not valid YAML: {err}") from None
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{file}: expected a mapping of settings (key: value), got {type(values).__name__}")
+    settings = _apply(settings, values, str(file), skip_none=False)
+    settings.source = str(file)
+    return settings
+
+
+def apply_overrides(settings: RunSettings, overrides: Mapping[str, Any] | None = None, **more: Any) -> RunSettings:
+    """A copy of `settings` with command-line values on top; a None value is "not given" and
+    leaves the setting alone. Unknown keys raise ConfigError."""
+    values = {**(overrides or {}), **more}
+    return _apply(settings, values, "command line", skip_none=True)

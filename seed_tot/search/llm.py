@@ -1,0 +1,109 @@
+"""`LLMCaller`: the one door from the search algorithms to `Engine.generate`.
+
+It holds the decoding settings of a run, renders each `Prompt` with the engine's chat template,
+and keeps engine counters per *phase* ("thought", "value", "answer", "judge") so a run can report
+speculative-decoding acceptance separately for thought generation and state evaluation, the two
+workloads the SEED paper distinguishes (same prompt n times vs. many different prompts).
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from seed_tot.engine import summarize
+from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
+
+from .protocol import Prompt
+
+log = logging.getLogger(__name__)
+
+PHASES = ("thought", "value", "answer", "judge")
+
+# The engine seeds sequence i of a call with `seed + i`; spacing the calls' base seeds this far
+# apart keeps every sequence of a problem on its own random stream.
+SEED_STRIDE = 100_003
+
+
+class GenerationEngine(Protocol):
+    """The two engine methods the search uses (the real `Engine` and the test fakes have them)."""
+
+    def render_prompt(self, user: str, assistant_prefix: str = "") -> str: ...
+
+    def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
+                 n_workers: int | None, verify_batch: int) -> list[GenerationResult]: ...
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How every engine call of a run decodes."""
+
+    mode: str = "seed"
+    k_config: tuple[int, ...] = (1, 1, 1)
+    n_workers: int | None = None
+    verify_batch: int = 1
+    temperature: float = 1.0
+    max_new_tokens: int = 128  # used when a Prompt leaves max_new_tokens as None
+    seed: int = 0
+
+
+def add_stats(total: GenerationStats, call: GenerationStats) -> None:
+    """`GenerationStats.add` leaves wall time alone (it is per call); a phase total sums it."""
+    total.add(call)
+    total.wall_s += call.wall_s
+
+
+class LLMCaller:
+    def __init__(self, engine: GenerationEngine, settings: DecodingSettings):
+        self.engine = engine
+        self.settings = settings
+        self.stats: dict[str, GenerationStats] = {}
+        self._base_seed = settings.seed
+        self._calls = 0
+
+    def reseed(self, key: str) -> None:
+        """Restart the seed sequence for one problem. Keyed on the problem id (not on how many
+        problems ran before) so a resumed run samples exactly what an uninterrupted one would."""
+        self._base_seed = self.settings.seed + zlib.crc32(key.encode("utf-8")) % 1_000_000_007
+        self._calls = 0
+
+    def take_stats(self) -> dict[str, GenerationStats]:
+        """The counters gathered since the last take, per phase; starts a fresh count."""
+        stats, self.stats = self.stats, {}
+        return stats
+
+    def complete(self, prompts: Sequence[Prompt], phase: str) -> list[str]:
+        """The completion text of every prompt, in order.
+
+        Prompts sharing (stop, max_new_tokens) go to the engine in one `generate` call, so a
+        search step's thoughts (or values) are one batch the SEED scheduler can overlap.
+        """
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {', '.join(PHASES)}")
+        if not prompts:
+            return []
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            max_tokens = prompt.max_new_tokens or self.settings.max_new_tokens
+            groups.setdefault((tuple(prompt.stop), max_tokens), []).append(i)
+        texts: list[str] = [""] * len(prompts)
+        for (stop, max_tokens), indices in groups.items():
+            rendered = [self.engine.render_prompt(prompts[i].user, prompts[i].assistant_prefix) for i in indices]
+            for i, text in zip(indices, self._generate(rendered, stop, max_tokens, phase)):
+                texts[i] = text
+        return texts
+
+    def _generate(self, rendered: list[str], stop: tuple[str, ...], max_tokens: int, phase: str) -> list[str]:
+        s = self.settings
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
+                                seed=self._base_seed + self._calls * SEED_STRIDE)
+        self._calls += 1
+        results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch)
+        if len(results) != len(rendered):
+            raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
+        call = summarize(results)  # wall time counted once per call, not once per sequence
+        add_stats(self.stats.setdefault(phase, GenerationStats()), call)
+        log.debug("%s call: %d prompts, %d new tokens, acceptance %.2f", phase, len(rendered),
+                  call.new_tokens, call.acceptance_rate)
+        return [r.text or "" for r in results]

@@ -1,0 +1,116 @@
+"""results.jsonl on disk: reopening it safely for a resumed run, and summarising its records."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Sequence
+
+from seed_tot.engine.params import GenerationStats
+
+log = logging.getLogger(__name__)
+
+_COUNTERS = tuple(f.name for f in fields(GenerationStats) if f.name != "events")
+SUMMARY_PHASES = ("thought", "value", "answer", "judge")
+
+
+class ResultsFileError(ValueError):
+    """results.jsonl cannot be used as asked: it exists without --resume, or is corrupt."""
+
+
+def prepare_results_file(path: Path, resume: bool) -> dict[str, dict[str, Any]]:
+    """The records already in `path`, by id, ready for appending.
+
+    Only the last line can be incomplete (each record is written with its newline and fsynced),
+    so a last line that does not parse is a killed write: it is dropped and the file rewritten
+    without it (atomically). A bad line anywhere else is real corruption: an error.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return {}
+    if not resume:
+        raise ResultsFileError(f"{path} already holds results: pass --resume to continue that run, "
+                               f"or --output DIR to start a new one elsewhere")
+    lines = path.read_bytes().split(b"\n")
+    needs_rewrite = bool(lines[-1].strip())  # bytes after the last newline: a write cut short
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: dict[str, dict[str, Any]] = {}
+    kept_lines: list[bytes] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            record_id = str(record["id"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            if i == last:
+                log.warning("%s:%d: dropping the incomplete last line left by an interrupted run", path, i + 1)
+                needs_rewrite = True
+                continue
+            raise ResultsFileError(f"{path}:{i + 1}: not a complete result record ({err}); "
+                                   f"fix or remove that line, then resume") from None
+        if record_id in records:
+            log.warning("%s:%d: id %s is already on an earlier line; keeping the first", path, i + 1, record_id)
+            needs_rewrite = True
+            continue
+        records[record_id] = record
+        kept_lines.append(line)
+    if needs_rewrite:
+        _rewrite(path, kept_lines)
+    return records
+
+
+def _rewrite(path: Path, lines: list[bytes]) -> None:
+    """Replace the file atomically, so a crash here leaves either the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(b"".join(line + b"\n" for line in lines))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _stats_from_dict(d: dict[str, Any] | None) -> GenerationStats:
+    d = d or {}
+    return GenerationStats(**{name: d[name] for name in _COUNTERS if name in d})
+
+
+def _rates(stats: GenerationStats) -> dict[str, Any]:
+    return {"acceptance_rate": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
+            "new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "accepted": stats.accepted,
+            "draft_depth": stats.draft_depth, "wall_s": stats.wall_s}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """n, accuracy / mean score / mean judge score (whichever the records carry), mean wall time,
+    and speculative-decoding rates overall and per phase (thought generation vs state evaluation)."""
+    summary: dict[str, Any] = {"n": len(records)}
+    correct = [float(bool(r["correct"])) for r in records if "correct" in r]
+    if correct:
+        summary["accuracy"] = _mean(correct)
+    scores = [float(r["score"]) for r in records if isinstance(r.get("score"), (int, float))]
+    if scores:
+        summary["mean_score"] = _mean(scores)
+    judged = [float(r["judge_score"]) for r in records if r.get("judge_score") is not None]
+    if judged:
+        summary["mean_judge_score"] = _mean(judged)
+    summary["mean_wall_s"] = _mean([float(r.get("wall_s", 0.0)) for r in records])
+
+    phases: dict[str, GenerationStats] = {}
+    overall = GenerationStats()
+    for record in records:
+        for phase, d in (record.get("stats") or {}).items():
+            s = _stats_from_dict(d)
+            total = phases.setdefault(phase, GenerationStats())
+            for target in (total, overall):
+                target.add(s)
+                target.wall_s += s.wall_s
+    summary.update(_rates(overall))
+    summary["tokens_per_s"] = overall.new_tokens / overall.wall_s if overall.wall_s else 0.0
+    summary["phases"] = {phase: _rates(phases[phase]) for phase in SUMMARY_PHASES if phase in phases}
+    return summary

@@ -1,0 +1,74 @@
+"""Tiny random models built from configs in code (the Hub is unreachable from CI)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 96
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 2, eos: int | None = None):
+    """A float32 model whose logits are spread out enough (initializer_range) to give peaked,
+    tie-free distributions, like a trained model's."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  initializer_range=0.15, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def noisy_copy(model, noise: float, seed: int = 1):
+    """A draft that agrees with the target often: the target's weights plus Gaussian noise."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise)
+    return draft.eval()
+
+
+class CharTokenizer:
+    """A character-level tokenizer with the slice of the transformers tokenizer API the engine uses."""
+
+    chat_template = None
+
+    def __init__(self, vocab: int = VOCAB, eos_token_id: int | None = None):
+        self.chars = [chr(ord(" ") + i) for i in range(vocab)]
+        self.index = {c: i for i, c in enumerate(self.chars)}
+        self.eos_token_id = eos_token_id
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [self.index[c] for c in text]}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.chars[i] for i in ids if not (skip_special_tokens and i == self.eos_token_id))
+
+    def get_vocab(self) -> dict:
+        return dict(self.index)
+
+
+def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """What the target alone produces: transformers' own greedy generate."""
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def llama_pair():
+    target = tiny_model("llama", seed=0)
+    return target, noisy_copy(target, 0.005)

@@ -1,0 +1,173 @@
+"""GSM8K task: answer extraction and comparison, value parsing, prompts, loading (no models)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seed_tot.prompts import load_prompts
+from seed_tot.search.protocol import Example, Prompt, State, Task
+from tasks.gsm8k import GSM8K, answers_match, extract_answer
+from tasks.loading import DataError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k_small.jsonl"
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+
+
+@pytest.fixture
+def task() -> GSM8K:
+    return GSM8K()
+
+
+@pytest.fixture
+def example() -> Example:
+    return Example(id="0", data={"question": QUESTION, "answer": "3 + 4 = 7\n#### 7"})
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("He has 3 + 4 = 7 apples.\n#### 7", "7"),
+    ("cost 1200 dollars\n#### 1,200", "1200"),
+    ("So the total is 1,234. The answer is 1,234.", "1234"),
+    ("The answer is $5.00", "5"),
+    ("The answer is **18**.", "18"),
+    ("I think 3 then 4, so 12 in the end", "12"),
+    ("the temperature falls to -3", "-3"),
+    ("The answer is 2.5", "2.5"),
+])
+def test_extract_answer_prefers_gold_marker_then_answer_phrase_then_last_number(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_extract_answer_returns_none_when_text_has_no_number():
+    assert extract_answer("I cannot solve this.") is None
+
+
+def test_extract_answer_takes_the_last_answer_phrase():
+    assert extract_answer("The answer is 4. Wait, recheck: The answer is 6.") == "6"
+
+
+def test_extract_answer_prefers_marker_over_later_numbers():
+    assert extract_answer("#### 42\nchecked with 3 other methods") == "42"
+
+
+@pytest.mark.parametrize("a, b", [
+    ("1,234", "1234"), ("$5.00", "5"), ("7.", "7"), ("18.0", "18"), ("0.50", ".5"), ("-3", "-3.0"),
+])
+def test_answers_match_ignores_commas_dollars_and_trailing_zeros(a, b):
+    assert answers_match(a, b)
+
+
+@pytest.mark.parametrize("a, b", [("7", "8"), ("12", "1.2"), (None, "7"), ("7", None), (None, None)])
+def test_answers_match_rejects_different_or_missing_answers(a, b):
+    assert not answers_match(a, b)
+
+
+@pytest.mark.parametrize("reply, expected", [
+    (" 7", 7.0), (" 8/10 - the steps are right", 8.0), (" I'd rate it 6 out of 10", 6.0),
+    (" 15", 10.0), (" 0", 1.0), (" 9.5", 9.5),
+])
+def test_parse_value_reads_first_rating_and_clamps_to_1_10(task, reply, expected):
+    assert task.parse_value(reply) == expected
+
+
+def test_parse_value_is_neutral_when_reply_has_no_number(task):
+    assert task.parse_value("looks fine") == 5.0
+
+
+def test_gsm8k_satisfies_task_protocol(task):
+    assert isinstance(task, Task)
+    assert (task.config.depth, task.config.n_generate, task.config.breadth) == (4, 3, 1)
+    assert task.config.temperature == 1.0
+
+
+def test_thought_prompts_continue_the_steps_so_far_at_each_depth(task, example):
+    state = State()
+    for depth in range(task.config.depth):
+        prompt = task.thought_prompt(example, state)
+        assert isinstance(prompt, Prompt)
+        assert QUESTION in prompt.user
+        assert "\nSub-question" in prompt.stop
+        for thought in state.thoughts:  # the reply so far holds every step taken
+            assert thought in prompt.assistant_prefix
+        assert prompt.assistant_prefix.rstrip().endswith(":")
+        state = task.extend(state, f" step {depth + 1}?\nSub-answer {depth + 1}: 1 + 1 = 2.")
+    assert state.depth == task.config.depth
+
+
+def test_last_level_thought_asks_the_original_question(task, example):
+    state = State(("Sub-question 1: a?\nSub-answer 1: 1.",) * 3)
+    prompt = task.thought_prompt(example, state)
+    assert prompt.assistant_prefix.endswith(
+        "Sub-question 4: What is the answer to the original question?\nSub-answer 4:")
+    assert "The answer is N" in prompt.user
+    assert prompt == task.answer_prompt(example, state)
+
+
+def test_extend_adds_step_header_and_drops_text_past_the_stop(task):
+    state = task.extend(State(), " How many?\nSub-answer 1: 3 + 4 = 7.\nSub-question 2: more")
+    assert state.thoughts == ("Sub-question 1: How many?\nSub-answer 1: 3 + 4 = 7.",)
+
+
+def test_value_prompt_shows_question_and_steps(task, example):
+    state = State(("Sub-question 1: How many?\nSub-answer 1: 7.",))
+    prompt = task.value_prompt(example, state)
+    assert QUESTION in prompt.user and state.thoughts[0] in prompt.user
+    assert "between 1 and 10" in prompt.user
+
+
+def test_state_stating_its_answer_is_final_before_full_depth(task, example):
+    assert not task.is_final(example, State(("Sub-question 1: a?\nSub-answer 1: 7.",)))
+    assert task.is_final(example, State(("Sub-question 1: a?\nSub-answer 1: The answer is 7.",)))
+    assert task.is_final(example, State(("x",) * 4))
+
+
+def test_prediction_with_answer_step_scores_correct(task, example):
+    state = State(("Sub-question 1: How many?\nSub-answer 1: 3 + 4 = 7.",))
+    prediction = task.prediction(example, state, " 3 + 4 = 7 apples. The answer is 7.")
+    assert task.score(example, prediction) == {"correct": True, "answer": "7", "gold": "7"}
+    assert task.score(example, "The answer is 8.")["correct"] is False
+
+
+def test_answered_state_keeps_its_answer_and_needs_one_answer_token(task, example):
+    state = State(("Sub-question 1: How many?\nSub-answer 1: 3 + 4 = 7. The answer is 7.",))
+    assert task.answer_prompt(example, state).max_new_tokens == 1
+    prediction = task.prediction(example, state, " The answer is 9.")
+    assert task.score(example, prediction)["answer"] == "7"
+
+
+def test_load_fixture_gives_examples_with_line_index_ids(task):
+    examples = task.load(str(FIXTURE))
+    assert [e.id for e in examples] == ["0", "1", "2"]
+    assert examples[1].data["question"].startswith("A shop sells pens")
+    assert task.score(examples[1], "The answer is $1,200.")["correct"]
+
+
+def test_load_limit_and_offset_select_a_window(task):
+    assert [e.id for e in task.load(str(FIXTURE), limit=1, offset=1)] == ["1"]
+    assert [e.id for e in task.load(str(FIXTURE), offset=2)] == ["2"]
+
+
+def test_malformed_jsonl_line_error_names_file_and_line(task, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": \n', encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{bad}:2"):
+        task.load(str(bad))
+
+
+def test_missing_answer_field_error_names_the_field(task, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r":1: missing field\(s\) answer"):
+        task.load(str(bad))
+
+
+def test_unknown_prompt_set_is_a_clear_error():
+    with pytest.raises(ValueError, match="no prompt templates named 'nope'"):
+        load_prompts("nope")
+
+
+def test_prompt_set_missing_a_template_is_rejected():
+    prompts = dict(load_prompts("gsm8k"))
+    del prompts["value_user"]
+    with pytest.raises(ValueError, match="value_user"):
+        GSM8K(prompts=prompts)

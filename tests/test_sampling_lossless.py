@@ -1,0 +1,132 @@
+"""Sampled output has exactly the target's distribution (temperature, top-k, top-p applied).
+
+The reference is computed by enumeration with transformers' own logits warpers; the engine's
+samples must lie within a total-variation bound that shrinks as 1/sqrt(samples). Each test also
+checks that the draft's own distribution lies *outside* that bound, so the test can fail.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+from conftest import noisy_copy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.draft_tree import DraftTree
+from seed_tot.engine.sampling import process_logits
+from seed_tot.engine.verify import accept_tokens
+
+VOCAB = 8
+LENGTH = 2
+PROMPT = [1, 4, 2]
+SAMPLES = 2500
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    scores = logits.float()
+    for warper in ([TemperatureLogitsWarper(params.temperature)]
+                   + ([TopKLogitsWarper(params.top_k)] if params.top_k else [])
+                   + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1 else [])):
+        scores = warper(None, scores)
+    return scores.softmax(-1)
+
+
+@torch.no_grad()
+def exact_distribution(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """P(x1..xL | prompt) for every continuation, from full forwards of every sequence."""
+    seqs = list(itertools.product(range(VOCAB), repeat=LENGTH))
+    ids = torch.tensor([PROMPT + list(s) for s in seqs])
+    probs = warp(model(ids).logits[:, len(PROMPT) - 1: -1].reshape(-1, VOCAB), params).reshape(len(seqs), LENGTH, VOCAB)
+    out = {}
+    for i, s in enumerate(seqs):
+        out[s] = math.prod(float(probs[i, t, s[t]]) for t in range(LENGTH))
+    return out
+
+
+def tv(empirical: Counter, exact: dict, n: int) -> float:
+    return 0.5 * sum(abs(empirical.get(s, 0) / n - p) for s, p in exact.items())
+
+
+def tv_bound(exact: dict, n: int) -> float:
+    # E[TV] <= 0.5 * sum sqrt(p(1-p)/n); allow 3x that for a test that is flaky ~never
+    return 1.5 * sum(math.sqrt(p * (1 - p) / n) for p in exact.values()) + 0.01
+
+
+SETTINGS = {
+    "temperature": SamplingParams(max_new_tokens=LENGTH, temperature=0.7),
+    "top_k": SamplingParams(max_new_tokens=LENGTH, temperature=1.0, top_k=4),
+    "top_p": SamplingParams(max_new_tokens=LENGTH, temperature=1.3, top_p=0.8),
+}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=21, vocab=VOCAB)
+    draft = noisy_copy(target, 0.6, seed=22)  # related but clearly different: both accept and reject happen
+    return target, draft
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("mode,k_config", [("sd", (1, 1)), ("mcsd", (2, 2)), ("mcsd", (3, 1)), ("seed", (1, 1)), ("seed", (2, 2))])
+def test_sampled_continuations_follow_the_target_distribution(pair, setting, mode, k_config):
+    target, draft = pair
+    params = SETTINGS[setting]
+    exact = exact_distribution(target, params)
+    draft_exact = exact_distribution(draft, params)
+    bound = tv_bound(exact, SAMPLES)
+    assert tv(Counter({s: p * SAMPLES for s, p in draft_exact.items()}), exact, SAMPLES) > bound, \
+        "draft too close to the target for this test to detect a lossy verifier"
+    results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode=mode, k_config=k_config, n_workers=8)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    stats = [r.stats for r in results]
+    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
+    assert tv(counts, exact, SAMPLES) < bound
+
+
+@pytest.mark.parametrize("without_replacement", [True, False])
+@pytest.mark.parametrize("n_candidates", [1, 2, 3])
+def test_accept_tokens_first_token_is_distributed_as_p(n_candidates, without_replacement):
+    """The verifier alone, on fixed p and q: the emitted token follows p whatever q is."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    q = torch.tensor([0.1, 0.4, 0.0, 0.2, 0.2, 0.1])
+    trials, counts = 20000, torch.zeros(6)
+    for _ in range(trials):
+        if without_replacement:
+            tokens = torch.multinomial(q, n_candidates, replacement=False, generator=gen).tolist()
+        else:
+            tokens = torch.multinomial(q, n_candidates, replacement=True, generator=gen).tolist()
+        tree = DraftTree([-1] * n_candidates, tokens, q.expand(n_candidates, -1), without_replacement)
+        target_probs = torch.cat([p[None], p.expand(n_candidates, -1)])
+        counts[accept_tokens(tree, target_probs, greedy=False, generator=gen).tokens[0]] += 1
+    empirical = counts / trials
+    assert 0.5 * (empirical - p).abs().sum() < 0.02
+    assert counts[5] == 0  # a token the target gives no mass is never emitted
+
+
+def test_lossy_rule_is_caught_by_the_distribution_check():
+    """Sanity of the statistic: keeping every draft token (no rejection) is far from p."""
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    q = torch.tensor([0.1, 0.4, 0.0, 0.2, 0.2, 0.1])
+    assert 0.5 * (q - p).abs().sum() > 0.02
+
+
+def test_process_logits_matches_transformers_warpers():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3)) * 3
+    for params in [SamplingParams(temperature=0.5), SamplingParams(top_k=7), SamplingParams(top_p=0.6, temperature=1.2),
+                   SamplingParams(top_k=10, top_p=0.9, temperature=0.8)]:
+        torch.testing.assert_close(process_logits(logits, params, 50), warp(logits, params))
+    greedy = process_logits(logits, SamplingParams(temperature=0), 50)
+    assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.equal(greedy.sum(-1), torch.ones(4))
+
+
+def test_padded_vocabulary_columns_are_never_sampled():
+    logits = torch.zeros(1, 12)
+    logits[0, 10:] = 100.0  # padding rows of an embedding matrix beyond the tokenizer
+    probs = process_logits(logits, SamplingParams(temperature=1.0), 10)
+    assert probs.shape == (1, 10) and torch.allclose(probs.sum(), torch.tensor(1.0))

@@ -1,0 +1,145 @@
+"""SEED mode: lossless like every mode, FCFS verification, and failures that surface instead of hanging."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine import seed as seed_module
+from seed_tot.engine.seed import SeedError
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_model("qwen2", seed=7)
+    return target, noisy_copy(target, 0.005)
+
+
+@pytest.mark.parametrize("verify_batch", [1, 3])
+@pytest.mark.parametrize("k_config", [(1, 1, 1), (2, 2, 1)])
+@pytest.mark.parametrize("n,same_prompt", [(1, True), (2, False), (3, True), (5, False)])
+def test_seed_greedy_equals_target_alone(setup, n, same_prompt, k_config, verify_batch):
+    target, draft = setup
+    prompts = [[4, 4, 2]] * n if same_prompt else [[4, 4, 2][: 1 + i % 3] + [i + 10] for i in range(n)]
+    refs = [reference_greedy(target, p, MAX_NEW) for p in prompts]
+    results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=MAX_NEW, temperature=0),
+                                             mode="seed", k_config=k_config, verify_batch=verify_batch)
+    assert [r.token_ids for r in results] == refs
+
+
+@pytest.mark.parametrize("verify_batch", [1, 3])
+def test_seed_greedy_with_sequences_of_very_different_lengths(verify_batch):
+    target = tiny_model("llama", seed=30)
+    prompts = [[7, 1], [2, 9, 9, 4], [5, 5], [3]]
+    eos = reference_greedy(target, prompts[0], 40)[1]  # sequence 0 ends after 2 tokens
+    target.generation_config.eos_token_id = eos
+    refs = [reference_greedy(target, p, 40) for p in prompts]
+    assert len(refs[0]) == 2 and max(len(r) for r in refs) == 40
+    results = Engine(target, noisy_copy(target, 0.005)).generate(
+        prompts, SamplingParams(max_new_tokens=40, temperature=0), mode="seed", k_config=(1, 1, 1),
+        n_workers=3, verify_batch=verify_batch)
+    assert [r.token_ids for r in results] == refs
+
+
+def test_seed_sampling_reproduces_sd_for_the_same_seed(setup):
+    """Each sequence owns its random stream and consumes it in the same order in both modes,
+    so SEED's scheduling changes timing only, never the sampled tokens."""
+    target, draft = setup
+    params = SamplingParams(max_new_tokens=16, temperature=0.9, top_k=20, seed=3)
+    prompts = [[1, 2, 3]] * 4 + [[8, 6]] * 2
+    engine = Engine(target, draft)
+    sd = engine.generate(prompts, params, mode="sd", k_config=(1, 1, 1))
+    sd_seed = engine.generate(prompts, params, mode="seed", k_config=(1, 1, 1), n_workers=3)
+    assert [r.token_ids for r in sd] == [r.token_ids for r in sd_seed]
+    assert len({tuple(r.token_ids) for r in sd_seed[:4]}) > 1  # copies of one prompt sample differently
+
+
+def _verify_events(results):
+    return [e for e in results[0].stats.events if e["type"] == "verify"]
+
+
+def test_verification_is_first_come_first_served(setup):
+    target, draft = setup
+    prompts = [[1, 2, 3]] * 5
+    results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0),
+                                             mode="seed", k_config=(1, 1, 1))
+    events = results[0].stats.events
+    enqueues = [e for e in events if e["type"] == "draft"]
+    verifies = _verify_events(results)
+    assert len(enqueues) == len(verifies) == sum(r.stats.target_calls for r in results)
+    assert [v["enqueued"] for v in verifies] == sorted(v["enqueued"] for v in verifies)
+    for v in verifies:  # no worker waits behind more than n other verifications
+        ahead = [w for w in verifies if v["enqueued"] <= w["start"] < v["start"]]
+        assert len(ahead) <= len(prompts)
+
+
+def test_target_is_not_idle_while_drafts_are_queued(setup):
+    target, draft = setup
+    results = Engine(target, draft).generate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=MAX_NEW),
+                                             mode="seed", k_config=(1, 1, 1))
+    verifies = _verify_events(results)
+    slack = 0.05  # seconds of event-loop scheduling between a push and the verifier's pop
+    for prev, nxt in zip(verifies, verifies[1:]):
+        # if the next job was already queued when the previous verification ended, it starts at once
+        if nxt["enqueued"] <= prev["end"]:
+            assert nxt["start"] - prev["end"] < slack
+
+
+def test_a_failing_draft_worker_surfaces_as_an_error_naming_it(setup, monkeypatch):
+    target, draft = setup
+    real = seed_module.draft_round
+
+    def flaky(model, seq, *args):
+        if seq.index == 2 and len(seq.generated) > 3:
+            raise RuntimeError("injected fault")
+        return real(model, seq, *args)
+
+    monkeypatch.setattr(seed_module, "draft_round", flaky)
+    engine = Engine(target, draft)
+
+    async def run():
+        return await asyncio.wait_for(engine.agenerate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=MAX_NEW),
+                                                       mode="seed"), timeout=60)
+
+    with pytest.raises(SeedError, match="sequence 2"):
+        asyncio.run(run())
+
+
+def test_a_failing_verifier_surfaces_as_an_error_naming_the_sequence(setup, monkeypatch):
+    target, draft = setup
+
+    def broken(model, jobs, *args):
+        raise RuntimeError("target out of memory")
+
+    monkeypatch.setattr(seed_module, "verify_batch_round", broken)
+    with pytest.raises(SeedError, match=r"verification of sequence \d+ failed"):
+        Engine(target, draft).generate([[1, 2]] * 2, SamplingParams(max_new_tokens=8), mode="seed")
+
+
+def test_cancelling_the_caller_stops_every_task(setup):
+    target, draft = setup
+    engine = Engine(target, draft)
+
+    async def run():
+        task = asyncio.create_task(engine.agenerate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=400), mode="seed"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return others
+
+    assert asyncio.run(run()) == []
+
+
+def test_seed_events_count_every_round(setup):
+    target, draft = setup
+    results = Engine(target, draft).generate([[1, 2, 3], [4]], SamplingParams(max_new_tokens=10), mode="seed")
+    kinds = Counter(e["type"] for e in results[0].stats.events)
+    assert kinds["draft"] == kinds["enqueue"] == kinds["verify"] == sum(r.stats.target_calls for r in results)
+    assert kinds["queue"] >= 1
