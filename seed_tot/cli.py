@@ -12,7 +12,18 @@ from seed_tot.cli_options import DEFAULT_PROMPT, MODE_CHOICE, load_engine, model
 
 log = logging.getLogger("seed_tot")
 
-@click.group()
+class _Main(click.Group):
+    """Bad input (data, config, model paths) ends in one clear line, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (ValueError, OSError) as err:
+            log.debug("command failed", exc_info=True)
+            raise click.ClickException(str(err)) from err
+
+
+@click.group(cls=_Main)
 @click.option("-v", "--verbose", count=True, help="-v: info logs, -vv: debug logs.")
 def main(verbose: int) -> None:
     """Tree-of-thoughts reasoning on a scheduled speculative decoding (SEED) engine."""
@@ -98,6 +109,9 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     from seed_tot.search import apply_overrides, load_settings, solve_dataset
 
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
+    results = Path(output) / "results.jsonl"
+    if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
+        raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch, seed=seed)
     engine = load_engine(target, draft, draft_layers, device, dtype)

@@ -72,3 +72,35 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]
 def llama_pair():
     target = tiny_model("llama", seed=0)
     return target, noisy_copy(target, 0.005)
+
+
+def save_char_tokenizer(path) -> int:
+    """A real transformers tokenizer (char-level WordLevel) saved to `path`; returns its size."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab["<unk>"] = len(vocab)
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.save_pretrained(path)
+    return len(vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """A target and a close draft saved as local model directories with a real tokenizer, for the CLI."""
+    root = tmp_path_factory.mktemp("models")
+    vocab = save_char_tokenizer(root / "tok")
+    target = tiny_model("llama", seed=41, vocab=vocab, eos=vocab - 1)
+    draft = noisy_copy(target, 0.005)
+    dirs = []
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        save_char_tokenizer(root / name)
+        dirs.append(str(root / name))
+    return dirs

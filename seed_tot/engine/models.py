@@ -64,8 +64,12 @@ def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> 
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"cannot truncate {type(target).__name__}: it has no model.layers")
-    if not 0 < n_layers <= len(layers):
-        raise ValueError(f"draft depth must be in 1..{len(layers)}, got {n_layers}")
+    if n_layers <= 0:
+        raise ValueError(f"draft depth must be positive, got {n_layers}")
+    if n_layers >= len(layers):  # a draft as deep as the target would save nothing
+        log.warning("the target has only %d layers: the default draft uses %d instead of %d",
+                    len(layers), max(1, len(layers) // 2), n_layers)
+        n_layers = max(1, len(layers) // 2)
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):

@@ -1,0 +1,70 @@
+"""Bad input to the engine gets a clear error that says what was expected."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import CharTokenizer, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.engine import check_same_vocabulary
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny_model("llama", seed=0)
+    return Engine(target, tiny_model("llama", seed=1), tokenizer=CharTokenizer())
+
+
+def test_draft_with_a_smaller_vocabulary_is_rejected_naming_both_models():
+    with pytest.raises(ValueError, match="draft small-draft has 50 output tokens but target big-target"):
+        Engine(tiny_model(vocab=96), tiny_model(vocab=50), target_name="big-target", draft_name="small-draft")
+
+
+def test_tokenizers_that_differ_name_both_models_and_the_first_differing_id():
+    a, b = CharTokenizer(), CharTokenizer()
+    b.index = dict(a.index)
+    b.index["#"], b.index["$"] = a.index["$"], a.index["#"]
+    with pytest.raises(ValueError, match=r"draft d-model and target t-model .* token id 3 is '\$' in the draft"):
+        check_same_vocabulary(a, b, "t-model", "d-model")
+
+
+def test_empty_prompt_list(engine):
+    with pytest.raises(ValueError, match="prompts is empty"):
+        engine.generate([], SamplingParams())
+
+
+@pytest.mark.parametrize("prompt", ["", []])
+def test_empty_prompt(engine, prompt):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        engine.generate(["ok", prompt], SamplingParams())
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_non_positive_max_new_tokens(n):
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+        SamplingParams(max_new_tokens=n)
+
+
+@pytest.mark.parametrize("k_config", [(2, 0, 1), (), (0,)])
+def test_k_config_with_a_zero(engine, k_config):
+    with pytest.raises(ValueError, match="k_config must be a non-empty sequence of positive integers"):
+        engine.generate(["hi"], SamplingParams(max_new_tokens=2), mode="mcsd", k_config=k_config)
+
+
+def test_unknown_mode(engine):
+    with pytest.raises(ValueError, match="unknown mode 'beam'; expected one of ar, parallel, sd, mcsd, seed"):
+        engine.generate(["hi"], SamplingParams(max_new_tokens=2), mode="beam")
+
+
+def test_a_single_string_instead_of_a_list(engine):
+    with pytest.raises(ValueError, match="list of strings"):
+        engine.generate("hi", SamplingParams(max_new_tokens=2))
+
+
+def test_speculative_mode_without_a_draft():
+    with pytest.raises(ValueError, match="mode 'sd' needs a draft model"):
+        Engine(tiny_model()).generate([[1, 2]], SamplingParams(max_new_tokens=2), mode="sd")
+
+
+def test_token_ids_outside_the_vocabulary(engine):
+    with pytest.raises(ValueError, match="prompt 0 has a token id outside"):
+        engine.generate([[1, 10_000]], SamplingParams(max_new_tokens=2))

@@ -1,0 +1,115 @@
+"""The command line end to end on tiny random models saved as local directories."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from seed_tot.cli import main
+
+FIXTURES = "tests/fixtures"
+
+
+def run(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def fails(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code != 0
+    return result.output + (str(result.exception) if result.exception else "")
+
+
+def test_generate_greedy_prints_the_same_tokens_in_ar_and_seed(tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    outs = []
+    for mode in ("ar", "seed", "mcsd"):
+        out = run("generate", "Tom has 3 apples.", "--target", target, "--draft", draft, "--mode", mode,
+                  "--k-config", "2,2,1", "--max-new-tokens", "12", "-n", "2", "--json")
+        outs.append([json.loads(line)["token_ids"] for line in out.splitlines()])
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 2
+
+
+def test_generate_prints_text_and_stats(tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    out = run("generate", "Hi", "--target", target, "--draft", draft, "--mode", "sd", "--max-new-tokens", "6")
+    assert "acceptance" in out and "tokens/target call" in out and "mode=sd" in out
+
+
+def _solve(tmp_path, target, draft, mode, name, *extra):
+    out_dir = tmp_path / name
+    run("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "1", "--mode", mode,
+        "--target", target, "--draft", draft, "--temperature", "0", "--max-new-tokens", "10",
+        "--output", str(out_dir), *extra)
+    return [json.loads(line) for line in (out_dir / "results.jsonl").read_text().splitlines()], out_dir
+
+
+def test_greedy_tot_solve_gives_identical_trees_in_ar_and_seed(tmp_path, tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    ar, _ = _solve(tmp_path, target, draft, "ar", "ar")
+    seed, out_dir = _solve(tmp_path, target, draft, "seed", "seed")
+    assert [r["prediction"] for r in ar] == [r["prediction"] for r in seed]
+    assert [r["steps"] for r in ar] == [r["steps"] for r in seed]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["n"] == 1 and "accuracy" in summary and summary["mode"] == "seed"
+
+
+def test_resume_skips_finished_ids_and_drops_a_truncated_line(tmp_path, tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    first, out_dir = _solve(tmp_path, target, draft, "ar", "run")
+    results = out_dir / "results.jsonl"
+    with results.open("a") as fh:
+        fh.write('{"id": "1", "input": {"quest')  # a run killed mid-write
+    run("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "2", "--mode", "ar",
+        "--target", target, "--draft", draft, "--temperature", "0", "--max-new-tokens", "10",
+        "--output", str(out_dir), "--resume")
+    ids = [json.loads(line)["id"] for line in results.read_text().splitlines()]
+    assert ids == [first[0]["id"], "1"]
+
+
+def test_existing_results_without_resume_is_refused(tmp_path, tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    _, out_dir = _solve(tmp_path, target, draft, "ar", "again")
+    msg = fails("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "1", "--target", target,
+                "--output", str(out_dir))
+    assert "--resume" in msg
+
+
+def test_unknown_task_is_a_usage_error():
+    assert "unknown task 'chess'" in fails("score", "chess", "--predictions", f"{FIXTURES}/gsm8k_small.jsonl")
+
+
+def test_missing_data_file_is_named(tmp_path):
+    msg = fails("solve", "gsm8k", "--data", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "o"))
+    assert "nope.jsonl" in msg and "no such file" in msg
+
+
+def test_malformed_data_line_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q2", \n')
+    preds = tmp_path / "p.jsonl"
+    preds.write_text('{"id": "0", "prediction": "1"}\n')
+    msg = fails("score", "gsm8k", "--data", str(bad), "--predictions", str(preds))
+    assert f"{bad}:2" in msg
+
+
+def test_score_rescores_saved_predictions(tmp_path):
+    preds = tmp_path / "p.jsonl"
+    lines = [json.loads(line) for line in open(f"{FIXTURES}/gsm8k_small.jsonl")]
+    golds = [line["answer"].split("####")[-1].strip() for line in lines]
+    preds.write_text("\n".join(json.dumps({"id": str(i), "prediction": f"The answer is {g}"})
+                               for i, g in enumerate(golds[:2])) + "\n" + json.dumps({"id": "2", "prediction": "-1"}))
+    out = json.loads(run("score", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--predictions", str(preds), "--json"))
+    assert out == {"n": 3, "correct": 2, "accuracy": pytest.approx(2 / 3)}
+
+
+def test_score_blocksworld_plans_in_natural_language_and_pddl(tmp_path):
+    gold = json.loads(open(f"{FIXTURES}/blocksworld_small.jsonl").readline())
+    preds = tmp_path / "p.jsonl"
+    preds.write_text(json.dumps({"id": gold["id"], "prediction": "\n".join(gold["gold_plan"])}) + "\n")
+    out = json.loads(run("score", "blocksworld", "--data", f"{FIXTURES}/blocksworld_small.jsonl",
+                         "--predictions", str(preds), "--json"))
+    assert out["correct"] == 1
