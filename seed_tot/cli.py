@@ -147,7 +147,7 @@ def _task_setup(task_name, config_file, data, limit, offset):
 def score(task_name, data, predictions, as_json):
     """Rescore saved predictions against the task's data."""
     from tasks import get_task
-    from tasks.loading import DataError
+    from tasks.loading import DataError, read_jsonl
 
     try:
         task = get_task(task_name)
@@ -157,20 +157,11 @@ def score(task_name, data, predictions, as_json):
         raise click.UsageError(f"--data {data}: no such file")
     examples = {ex.id: ex for ex in task.load(data)}
     rows = []
-    with open(predictions, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{predictions}:{lineno}: expected a JSON object ({err.msg})") from None
-            if not isinstance(record, dict) or "id" not in record or "prediction" not in record:
-                raise DataError(f'{predictions}:{lineno}: expected {{"id": ..., "prediction": ...}}')
-            example = examples.get(str(record["id"]))
-            if example is None:
-                raise DataError(f"{predictions}:{lineno}: id {record['id']!r} is not in the task's data")
-            rows.append(task.score(example, str(record["prediction"])))
+    for lineno, record in read_jsonl(predictions, required=("id", "prediction")):
+        example = examples.get(str(record["id"]))
+        if example is None:
+            raise DataError(f"{predictions}:{lineno}: id {record['id']!r} is not in the task's data")
+        rows.append(task.score(example, str(record["prediction"])))
     n = len(rows)
     if rows and "correct" in rows[0]:
         correct = sum(bool(r["correct"]) for r in rows)

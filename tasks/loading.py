@@ -47,7 +47,7 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
             ds = datasets.load_dataset("text", data_files=str(file), split="train")
             records = [{text_field: r["text"].strip()} for r in ds if r["text"].strip()]
         else:
-            _check_jsonl(file, required)
+            read_jsonl(file, required)
             ds = datasets.load_dataset("json", data_files=str(file), split="train")
             records = [dict(r) for r in ds]
     for i, record in enumerate(records):
@@ -66,8 +66,10 @@ def _check_text(file: Path) -> None:
         raise DataError(f"{file}: not UTF-8 text ({err})") from err
 
 
-def _check_jsonl(file: Path, required: tuple[str, ...]) -> None:
-    with file.open(encoding="utf-8") as fh:
+def read_jsonl(file: str | Path, required: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line is a DataError naming file and line."""
+    out = []
+    with Path(file).open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -81,4 +83,5 @@ def _check_jsonl(file: Path, required: tuple[str, ...]) -> None:
             if missing:
                 raise DataError(f"{file}:{lineno}: missing field(s) {', '.join(missing)}; "
                                 f"expected {', '.join(required)}")
-
+            out.append((lineno, record))
+    return out
