@@ -32,10 +32,11 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
         probs = process_logits(logits, params, vocab_size)
         busy = time.perf_counter() - start
         next_ids = []
+        active = sum(not s.done for s in seqs)
         for row, seq in enumerate(seqs):
             if not seq.done:
                 seq.stats.target_calls += 1
-                seq.stats.target_busy_s += busy
+                seq.stats.target_busy_s += busy / active  # shared forward: summing rows gives its time once
                 seq.append([sample(probs[row], seq.generator)])
             next_ids.append(seq.generated[-1] if seq.generated else pad)
         if all(s.done for s in seqs):
