@@ -143,3 +143,28 @@ def test_seed_events_count_every_round(setup):
     kinds = Counter(e["type"] for e in results[0].stats.events)
     assert kinds["draft"] == kinds["enqueue"] == kinds["verify"] == sum(r.stats.target_calls for r in results)
     assert kinds["queue"] >= 1
+
+
+def test_n_workers_caps_how_many_sequences_run_at_once(setup):
+    target, draft = setup
+    results = Engine(target, draft).generate([[1, 2, 3]] * 5, SamplingParams(max_new_tokens=8), mode="seed",
+                                             n_workers=2)
+    events = results[0].stats.events
+    spans = {}
+    for e in events:
+        if e["type"] in ("draft", "verify"):
+            lo, hi = spans.get(e["worker"], (e["start"], e["end"]))
+            spans[e["worker"]] = (min(lo, e["start"]), max(hi, e["end"]))
+    assert len(spans) == 5
+    for t, _ in spans.values():  # at any worker's start, at most 2 workers are live
+        assert sum(lo <= t < hi for lo, hi in spans.values()) <= 2
+
+
+def test_copies_of_one_prompt_share_the_prefilled_prefix_kv(setup):
+    target, draft = setup
+    engine = Engine(target, draft)
+    seqs, _ = engine._start([[1, 2, 3, 4]] * 3 + [[5, 6, 7]], SamplingParams(max_new_tokens=4), "seed", (1,))
+    keys = [s.target.cache.layers[0].keys.data_ptr() for s in seqs]
+    draft_keys = [s.draft.cache.layers[0].keys.data_ptr() for s in seqs]
+    assert keys[0] == keys[1] == keys[2] != keys[3]  # one prefill per distinct prompt, no copy
+    assert draft_keys[0] == draft_keys[1] == draft_keys[2] != draft_keys[3]
