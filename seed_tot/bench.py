@@ -1,8 +1,377 @@
-"""`seed-tot bench` (placeholder until the benchmark issue lands: see issue 5)."""
+"""`seed-tot bench`: time the decoding modes side by side on one tree-of-thoughts workload.
+
+Workloads
+  thoughts               one thought batch (3 copies of a GSM8K thought prompt) and one
+                         state-evaluation batch (3 different value prompts), per run; no stop
+                         strings, so every mode decodes the same max-new-tokens per sequence
+  tot-gsm8k, tot-creative-writing, tot-blocksworld
+                         whole ToT solves of --limit problems (blocksworld without --data uses its
+                         built-in generator; the other two need --data, the Hub is not used)
+
+Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM]
+  MODE    ar, parallel, sd, mcsd or seed
+  :K-K-K  this mode's draft-tree shape (default --k-config), e.g. mcsd:2-2-1, seed:2-2-1
+  @wN     SEED draft workers running at once (default --n-workers)
+  @vbM    SEED drafts verified per target forward (default --verify-batch)
+  e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed,seed:2-2-1,seed@vb3
+
+Each mode gets one warm-up run, then --repeats timed runs. Speedups are ratios of medians taken
+in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
+sample at 1.0), because under greedy decoding every mode must reproduce ar's tokens (thoughts) or
+predictions (tot-*), and the table says whether it did.
+
+--synthetic PRESET swaps the models for random ones of real shapes whose draft agrees with the
+target at rate --alpha (seed_tot.engine.synthetic): real compute, forced acceptance. The output
+then says SYNTHETIC in its banner, title, table and JSON.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import re
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
 import click
+import torch
+
+from seed_tot.cli_options import DEFAULT_PROMPT, load_engine, model_options, parse_k_config
+from seed_tot.engine import summarize
+from seed_tot.engine.params import MODES, GenerationResult, GenerationStats, SamplingParams
+from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_acceptance
+
+WORKLOADS = ("thoughts", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
+DEFAULT_THOUGHT_TOKENS = 64
+DEFAULT_ALPHA = 0.8
+_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w|vb)\d+)*)$")
+BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                  "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    label: str
+    mode: str
+    k_config: tuple[int, ...]
+    n_workers: int | None
+    verify_batch: int
+
+
+def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, verify_batch: int) -> list[ModeSpec]:
+    specs: list[ModeSpec] = []
+    for label in (part.strip() for part in text.split(",")):
+        m = _SPEC.match(label)
+        if not m or m["mode"] not in MODES:
+            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM] with MODE one of {', '.join(MODES)}",
+                                     param_hint="--modes")
+        opts = dict(re.findall(r"@(w|vb)(\d+)", m["opts"]))
+        if (m["k"] or opts) and m["mode"] in ("ar", "parallel"):
+            raise click.BadParameter(f"{label!r}: {m['mode']} drafts nothing, it takes no :K or @ settings",
+                                     param_hint="--modes")
+        if opts and m["mode"] != "seed":
+            raise click.BadParameter(f"{label!r}: @w and @vb are SEED settings", param_hint="--modes")
+        k = tuple(int(c) for c in m["k"].split("-")) if m["k"] else k_config
+        if any(c <= 0 for c in k) or any(int(v) <= 0 for v in opts.values()):
+            raise click.BadParameter(f"{label!r}: tree widths, workers and batch must be positive",
+                                     param_hint="--modes")
+        if any(s.label == label for s in specs):
+            raise click.BadParameter(f"{label!r} is listed twice", param_hint="--modes")
+        specs.append(ModeSpec(label, m["mode"], k, int(opts["w"]) if "w" in opts else n_workers,
+                              int(opts.get("vb", verify_batch))))
+    return specs
+
+
+class _CallLog:
+    """Forwards to the engine and keeps every generate call's results (ToT solves make many)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def render_prompt(self, *args, **kwargs) -> str:
+        return self.engine.render_prompt(*args, **kwargs)
+
+    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch) -> list[GenerationResult]:
+        results = self.engine.generate(prompts, params, mode=mode, k_config=k_config, n_workers=n_workers,
+                                       verify_batch=verify_batch)
+        self.calls.append(results)
+        return results
+
+
+@dataclass
+class RunOutput:
+    wall_s: float
+    stats: GenerationStats
+    tokens: list[list[int]]
+    predictions: list[str] | None
+
+
+# A workload runs once on an engine-like object for one mode and returns ToT predictions (or None).
+Workload = Callable[[Any, ModeSpec, int], "list[str] | None"]
+
+
+def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
+    from seed_tot.search.protocol import Example, State
+    from tasks.gsm8k import GSM8K
+
+    task = GSM8K()
+    example = (task.load(data, limit=1)[0] if data else
+               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
+    prompt = task.thought_prompt(example, State())
+    thought = engine.render_prompt(prompt.user, prompt.assistant_prefix)
+    lines = [ln.strip() for ln in example.data["answer"].splitlines() if ln.strip() and "####" not in ln]
+    lines += ["Let us check the previous step."] * 3  # three different states even for a one-line answer
+    steps = [f"{task.prompts['step_header'].format(k=k + 1)} {line}" for k, line in enumerate(lines[:3])]
+    values = [task.value_prompt(example, State(tuple(steps[:i]))) for i in (1, 2, 3)]
+    value_prompts = [engine.render_prompt(v.user, v.assistant_prefix) for v in values]
+
+    def run(eng, spec: ModeSpec, index: int) -> None:
+        for batch in ([thought] * 3, value_prompts):
+            eng.generate(batch, params, spec.mode, spec.k_config, spec.n_workers, spec.verify_batch)
+        return None
+
+    return run, (f"1 thought batch (3 x the same GSM8K thought prompt, example {example.id}) + 1 value batch "
+                 f"(3 different prompts), {params.max_new_tokens} new tokens each")
+
+
+def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
+                 seed: int, out_root: Path) -> tuple[Workload, str]:
+    from seed_tot.search import apply_overrides, load_settings, solve_dataset
+    from tasks import get_task
+
+    task = get_task(workload.removeprefix("tot-"))
+    if data is None and task.name != "blocksworld":
+        raise click.UsageError(f"--workload {workload} needs --data PATH (bench does not download datasets)")
+    if data is not None and not Path(data).is_file():
+        raise click.UsageError(f"--data {data}: no such file")
+    config = Path(__file__).resolve().parent.parent / "configs" / f"{task.name}.yaml"
+    settings = load_settings(config if config.is_file() else None, base=task.config)
+    settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    examples = task.load(data, limit=limit)
+
+    def run(eng, spec: ModeSpec, index: int) -> list[str]:
+        s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
+                            verify_batch=spec.verify_batch)
+        out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
+        solve_dataset(eng, task, examples, settings=s, output_dir=out)
+        lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
+        return [json.loads(line)["prediction"] for line in lines if line.strip()]
+
+    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s), depth {settings.search.depth}, "
+                 f"n_generate {settings.search.n_generate}, breadth {settings.search.breadth}, "
+                 f"max_new_tokens {settings.search.max_new_tokens}")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_once(engine, workload: Workload, spec: ModeSpec, index: int) -> RunOutput:
+    log_engine = _CallLog(engine)
+    _sync(engine.target.device)
+    start = time.perf_counter()
+    predictions = workload(log_engine, spec, index)
+    _sync(engine.target.device)
+    wall = time.perf_counter() - start
+    stats = GenerationStats()
+    for results in log_engine.calls:
+        stats.add(summarize(results))
+    stats.wall_s = wall
+    return RunOutput(wall, stats, [r.token_ids for results in log_engine.calls for r in results], predictions)
+
+
+@dataclass
+class ModeReport:
+    spec: ModeSpec
+    runs: list[RunOutput] = field(default_factory=list)
+    peak_memory_mib: float = 0.0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    def totals(self) -> GenerationStats:
+        total = GenerationStats()
+        for r in self.runs:
+            total.add(r.stats)
+            total.wall_s += r.wall_s
+        return total
+
+
+def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None) -> list[ModeReport]:
+    device = engine.target.device
+    reports = []
+    for spec in specs:
+        report = ModeReport(spec)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        click.echo(f"{spec.label}: warm-up + {repeats} run(s)", err=True)
+        _run_once(engine, workload, spec, 0)  # warm-up: kernels, allocator, caches; not timed
+        timed = recorder.wrap(engine, label=spec.label) if recorder else engine
+        for i in range(1, repeats + 1):
+            if recorder:
+                with recorder.section(f"{spec.label} run {i}"):
+                    report.runs.append(_run_once(timed, workload, spec, i))
+            else:
+                report.runs.append(_run_once(timed, workload, spec, i))
+        if device.type == "cuda":
+            report.peak_memory_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
+            report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        reports.append(report)
+    return reports
+
+
+def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict | None, tot: bool) -> list[dict]:
+    ref = {m: next((r for r in reports if r.spec.mode == m), None) for m in ("ar", "parallel")}
+    rows = []
+    for r in reports:
+        total = r.totals()
+        row: dict[str, Any] = {**asdict(r.spec), "walls_s": [x.wall_s for x in r.runs], "wall_median_s": r.median,
+                               "wall_min_s": min(x.wall_s for x in r.runs), "wall_max_s": max(x.wall_s for x in r.runs)}
+        for m, other in ref.items():
+            row[f"speedup_vs_{m}"] = other.median / r.median if other and r.median > 0 else None
+        tokens_per_run = total.new_tokens / len(r.runs)  # identical runs under greedy decoding
+        row.update(new_tokens_per_run=tokens_per_run, tokens_per_s=tokens_per_run / r.median,
+                   acceptance_rate=total.acceptance_rate, tokens_per_target_call=total.tokens_per_target_call,
+                   target_busy_fraction=total.target_busy_fraction, target_calls=total.target_calls,
+                   draft_calls=total.draft_calls, peak_memory_mib=r.peak_memory_mib)
+        if r.spec.mode in ("sd", "mcsd", "seed") and synthetic:
+            k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
+            row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
+        row["matches_ar"] = _matches(r, ref["ar"], greedy, tot)
+        rows.append(row)
+    return rows
+
+
+def _matches(report: ModeReport, ar: ModeReport | None, greedy: bool, tot: bool) -> bool | None:
+    if not greedy or ar is None:
+        return None
+    pick = (lambda run: run.predictions) if tot else (lambda run: run.tokens)
+    reference = pick(ar.runs[0])
+    return all(pick(run) == reference for run in report.runs)
+
+
+def _environment(engine, dtype_name: str) -> dict[str, Any]:
+    import transformers
+
+    device = engine.target.device
+    cpu = f"CPU {platform.processor() or platform.machine()}"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+    return {"device": str(device), "device_name": name, "dtype": dtype_name, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "peak_memory": "torch.cuda.max_memory_allocated per mode" if device.type == "cuda"
+            else "peak RSS of the whole process (a high-water mark: it never goes down between modes)"}
+
+
+def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | None) -> str:
+    match_header = "predictions == ar" if tot else "tokens == ar"
+    headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", "tokens/s", "acceptance",
+               "tokens/target call", "target busy", "peak MiB", match_header]
+    body = []
+    for row in rows:
+        accept = "-" if row["mode"] in ("ar", "parallel") else f"{row['acceptance_rate']:.3f}"
+        if "oracle_expected_acceptance" in row:
+            accept += f" (oracle {row['oracle_expected_acceptance']:.3f})"
+        matches = row["matches_ar"]
+        match = ("ref" if row["mode"] == "ar" and matches else "yes" if matches
+                 else "n/a (sampling)" if not greedy else "n/a (no ar)" if matches is None else "NO")
+        body.append([row["label"], f"{row['wall_median_s']:.3f} [{row['wall_min_s']:.3f}-{row['wall_max_s']:.3f}]",
+                     _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), f"{row['tokens_per_s']:.1f}",
+                     accept, f"{row['tokens_per_target_call']:.2f}", f"{row['target_busy_fraction']:.0%}",
+                     f"{row['peak_memory_mib']:.0f}", match])
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if synthetic:
+        lines.append(f"SYNTHETIC (preset {synthetic['preset']}, alpha {synthetic['alpha']:g}): "
+                     "not a measurement of real models' outputs")
+    return "\n".join(lines)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def synthetic_banner(preset: str, alpha: float) -> str:
+    return (f"*** SYNTHETIC BENCHMARK: randomly initialised models of real shapes (preset {preset}); the draft "
+            f"agrees with the target by an oracle with alpha={alpha:g}. Compute and timings are real; tokens, "
+            f"acceptance and any accuracy are forced by the oracle, not produced by trained models. ***")
 
 
 @click.command()
-def bench():
-    """Benchmark the decoding modes on one workload."""
-    raise click.UsageError("bench is not built yet")
+@click.option("--workload", type=click.Choice(WORKLOADS), default="thoughts", show_default=True)
+@click.option("--modes", default="ar,parallel,sd,mcsd,seed", show_default=True,
+              help="Comma-separated MODE[:K-K-K][@wN][@vbM], e.g. ar,sd,mcsd:2-2-1,seed,seed:2-2-1,seed@vb3.")
+@model_options
+@click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True,
+              help="Default draft-tree shape of sd (its depth), mcsd and seed.")
+@click.option("--n-workers", type=click.IntRange(min=1), default=None,
+              help="SEED draft workers running at once (default: all).")
+@click.option("--verify-batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")
+@click.option("--data", type=click.Path(), default=None, help="Local task data (thoughts: a GSM8K JSONL).")
+@click.option("--limit", type=click.IntRange(min=1), default=1, show_default=True, help="Problems per tot-* run.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed runs after a warm-up.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write every number here.")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Write trace.json, gpu.csv and utilization.png (one panel per mode) here.")
+@click.option("--synthetic", type=click.Choice(list(PRESETS)), default=None,
+              help="Random models of these real shapes with an acceptance oracle instead of --target/--draft.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
+              help="--synthetic: probability that a draft token matches the target's.")
+def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, temperature,
+          max_new_tokens, data, limit, repeats, seed, json_file, trace_dir, synthetic, alpha):
+    """Benchmark the decoding modes on one workload and print a table."""
+    specs = parse_modes(modes, k_config, n_workers, verify_batch)
+    if synthetic and (target or draft):
+        raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
+    if synthetic:
+        engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
+        click.echo(synthetic_banner(synthetic, alpha))
+    else:
+        engine = load_engine(target, draft, draft_layers, device, dtype)
+    synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
+    greedy, tot = temperature == 0, workload != "thoughts"
+    recorder = None
+    if trace_dir:
+        from seed_tot.trace import TraceRecorder
+        recorder = TraceRecorder(Path(trace_dir), f"bench {workload}" + (" SYNTHETIC" if synthetic else ""))
+        recorder.start()
+    with tempfile.TemporaryDirectory(prefix="seed-tot-bench-") as tmp:
+        if tot:
+            run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp))
+        else:
+            params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
+                                    seed=seed)
+            run, description = thoughts_workload(engine, data, params)
+        try:
+            reports = bench_modes(engine, run, specs, repeats, recorder)
+        finally:
+            if recorder:
+                click.echo(f"trace written to {recorder.finish()}", err=True)
+    rows = summarize_reports(reports, greedy, synth, tot)
+    env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
+    title = (f"{'SYNTHETIC ' if synthetic else ''}bench {workload}: {description}; "
+             f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after 1 warm-up")
+    click.echo(title)
+    click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
+               f"torch {env['torch']} | {env['date']}")
+    click.echo(format_table(rows, greedy, tot, synth))
+    if json_file:
+        out = {"kind": "SYNTHETIC" if synthetic else "real", "synthetic": synth, "title": title,
+               "workload": workload, "workload_description": description, "target": engine.target_name,
+               "draft": engine.draft_name, "temperature": temperature, "greedy": greedy, "repeats": repeats,
+               "environment": env, "modes": rows}
+        Path(json_file).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        click.echo(f"results written to {json_file}", err=True)

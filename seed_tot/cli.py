@@ -106,7 +106,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish."""
-    from seed_tot.search import apply_overrides, load_settings, solve_dataset
+    from seed_tot.search import apply_overrides, solve_dataset
 
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
     results = Path(output) / "results.jsonl"

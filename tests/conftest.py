@@ -9,6 +9,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 VOCAB = 96
 
+# Tiny models gain nothing from intra-op threads, and on a small shared CPU OpenMP threads
+# spin-wait on each other; one thread per forward also lets SEED's draft and target threads
+# really run side by side on two cores.
+torch.set_num_threads(1)
+
 
 def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 2, eos: int | None = None):
     """A float32 model whose logits are spread out enough (initializer_range) to give peaked,

@@ -281,7 +281,7 @@ def test_malformed_problem_line_raises_data_error_naming_file_and_line(tmp_path)
     good = json.dumps({"id": "ok", "problem_pddl": FIXTURE_PDDL})
     bad = json.dumps({"id": "broken", "problem_pddl": "(define (problem p) (:objects a)"})
     file.write_text(f"{good}\n\n{bad}\n", encoding="utf-8")
-    with pytest.raises(DataError, match=rf"bw\.jsonl:3 \(id broken\)"):
+    with pytest.raises(DataError, match=r"bw\.jsonl:3 \(id broken\)"):
         Blocksworld().load(str(file))
     assert [e.id for e in Blocksworld().load(str(file), limit=1)] == ["ok"]
 

@@ -53,7 +53,7 @@ _QWEN2_1_5B = dict(_QWEN2_COMMON, hidden_size=1536, num_hidden_layers=28, num_at
 _QWEN2_0_5B = dict(_QWEN2_COMMON, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                    intermediate_size=4864)
 _TINY_TARGET = dict(arch="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, intermediate_size=128, vocab_size=512, max_position_embeddings=4096)
+                    num_key_value_heads=2, intermediate_size=128, vocab_size=8192, max_position_embeddings=4096)
 _TINY_DRAFT = dict(_TINY_TARGET, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                    intermediate_size=64)
 

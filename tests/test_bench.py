@@ -1,0 +1,201 @@
+"""`seed-tot bench` on the tiny synthetic preset, the mode-spec syntax, and the acceptance oracle."""
+from __future__ import annotations
+
+import json
+import random
+
+import click
+import pytest
+import torch
+from click.testing import CliRunner
+
+from seed_tot import SamplingParams
+from seed_tot.bench import parse_modes
+from seed_tot.cli import main
+from seed_tot.engine import summarize
+from seed_tot.engine.synthetic import PRESETS, build_model, build_synthetic_engine, expected_acceptance, target_token
+
+MODES = ["ar", "parallel", "sd", "mcsd:2-2-1", "seed", "seed:2-2-1", "seed@vb3"]
+
+
+def _bench(*args: str) -> str:
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", *args],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def thoughts_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    stdout = _bench("--modes", ",".join(MODES), "--max-new-tokens", "8", "--repeats", "2", "--alpha", "0.7",
+                    "--json", str(out))
+    return stdout, json.loads(out.read_text())
+
+
+def _table_rows(stdout: str) -> dict[str, str]:
+    return {line.split()[0]: line for line in stdout.splitlines() if line.split() and line.split()[0] in MODES}
+
+
+def test_table_and_json_list_every_mode(thoughts_run):
+    stdout, data = thoughts_run
+    assert set(_table_rows(stdout)) == set(MODES)
+    assert [m["label"] for m in data["modes"]] == MODES
+    assert {m["label"]: m["k_config"] for m in data["modes"]}["mcsd:2-2-1"] == [2, 2, 1]
+    assert {m["label"]: m["verify_batch"] for m in data["modes"]}["seed@vb3"] == 3
+    for m in data["modes"]:
+        assert len(m["walls_s"]) == 2 and m["wall_min_s"] <= m["wall_median_s"] <= m["wall_max_s"]
+        assert m["new_tokens_per_run"] == 6 * 8  # 3 thoughts + 3 values, 8 tokens each, nothing stops early
+        assert m["peak_memory_mib"] > 0
+
+
+def test_synthetic_runs_say_so_with_preset_and_alpha(thoughts_run):
+    stdout, data = thoughts_run
+    assert stdout.count("SYNTHETIC") >= 3  # banner, title, table footer
+    assert "alpha=0.7" in stdout and "preset tiny" in stdout
+    assert data["kind"] == "SYNTHETIC" and data["title"].startswith("SYNTHETIC")
+    assert data["synthetic"]["preset"] == "tiny" and data["synthetic"]["alpha"] == 0.7
+    env = data["environment"]
+    assert env["torch"] == torch.__version__ and env["date"] and env["device_name"]
+
+
+def test_greedy_check_reports_every_mode_reproduces_ar(thoughts_run):
+    stdout, data = thoughts_run
+    assert "tokens == ar" in stdout
+    rows = _table_rows(stdout)
+    assert rows["ar"].rstrip().endswith("ref")
+    assert all(rows[m].rstrip().endswith("yes") for m in MODES[1:])
+    assert all(m["matches_ar"] is True for m in data["modes"])
+
+
+def test_speedups_are_ratios_of_median_walls(thoughts_run):
+    _, data = thoughts_run
+    by = {m["label"]: m for m in data["modes"]}
+    for m in data["modes"]:
+        assert m["speedup_vs_ar"] == pytest.approx(by["ar"]["wall_median_s"] / m["wall_median_s"])
+        assert m["speedup_vs_parallel"] == pytest.approx(by["parallel"]["wall_median_s"] / m["wall_median_s"])
+
+
+def test_sampling_runs_do_not_claim_token_equality():
+    stdout = _bench("--modes", "ar,sd", "--max-new-tokens", "4", "--repeats", "1", "--temperature", "1.0")
+    assert "n/a (sampling)" in _table_rows(stdout)["sd"]
+
+
+def test_tot_workload_compares_predictions_with_ar(tmp_path):
+    out = tmp_path / "tot.json"
+    stdout = _bench("--workload", "tot-gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "1",
+                    "--modes", "ar,seed", "--max-new-tokens", "6", "--repeats", "1", "--json", str(out))
+    assert "predictions == ar" in stdout and "SYNTHETIC" in stdout
+    data = json.loads(out.read_text())
+    assert [m["matches_ar"] for m in data["modes"]] == [True, True]
+    assert data["modes"][1]["target_calls"] > 0
+
+
+def test_tot_workload_without_data_names_the_flag():
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", "--workload",
+                                       "tot-creative-writing", "--repeats", "1"])
+    assert result.exit_code != 0 and "--data" in result.output
+
+
+def test_bench_trace_has_one_panel_per_mode(tmp_path):
+    _bench("--modes", "ar,seed:2-2-1", "--max-new-tokens", "4", "--repeats", "1", "--trace", str(tmp_path))
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    calls = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 2]
+    assert sorted({c["args"]["mode"] for c in calls}) == ["ar", "seed:2-2-1"]
+    sections = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 1]
+    assert sections == ["ar run 1", "seed:2-2-1 run 1"]
+
+
+def test_synthetic_refuses_real_model_flags():
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--target", "x"])
+    assert result.exit_code != 0 and "--synthetic" in result.output
+
+
+# --------------------------------------------------------------------------- mode specs
+def test_mode_specs_carry_their_own_settings():
+    specs = parse_modes("ar,mcsd:2-2-1,seed,seed:3-1@w2@vb4", (1, 1, 1), None, 1)
+    assert [(s.label, s.mode, s.k_config, s.n_workers, s.verify_batch) for s in specs] == [
+        ("ar", "ar", (1, 1, 1), None, 1), ("mcsd:2-2-1", "mcsd", (2, 2, 1), None, 1),
+        ("seed", "seed", (1, 1, 1), None, 1), ("seed:3-1@w2@vb4", "seed", (3, 1), 2, 4)]
+
+
+@pytest.mark.parametrize("bad", ["beam", "ar:2-2", "sd@vb2", "seed:0-1", "seed@vb0", "seed,seed", "seed:2,2"])
+def test_bad_mode_specs_are_rejected(bad):
+    with pytest.raises(click.BadParameter):
+        parse_modes(bad, (1, 1, 1), None, 1)
+
+
+# --------------------------------------------------------------------------- the oracle
+@pytest.fixture(scope="module")
+def random_prompts():
+    rng = random.Random(0)
+    return [[rng.randrange(8192) for _ in range(rng.randint(2, 20))] for _ in range(40)]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+def test_chain_sd_acceptance_is_close_to_alpha(alpha, random_prompts):
+    engine = build_synthetic_engine("tiny", alpha, "cpu")
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    results = engine.generate(random_prompts, params, mode="sd", k_config=(1,))
+    stats = summarize(results)
+    assert stats.draft_depth > 500  # enough rounds that 0.06 is > 3 standard errors
+    assert stats.acceptance_rate == pytest.approx(alpha, abs=0.06)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_extreme_alphas_accept_nothing_or_everything(alpha, random_prompts):
+    engine = build_synthetic_engine("tiny", alpha, "cpu")
+    stats = summarize(engine.generate(random_prompts[:4], SamplingParams(max_new_tokens=10, temperature=0),
+                                      mode="sd", k_config=(1, 1)))
+    assert stats.acceptance_rate == alpha
+
+
+def test_deeper_chains_and_trees_match_the_oracles_expectation(random_prompts):
+    engine = build_synthetic_engine("tiny", 0.7, "cpu")
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    for mode, k in (("sd", (1, 1, 1)), ("mcsd", (2, 1))):
+        stats = summarize(engine.generate(random_prompts, params, mode=mode, k_config=k))
+        assert stats.acceptance_rate == pytest.approx(expected_acceptance(0.7, k), abs=0.06), (mode, k)
+
+
+def test_oracle_target_follows_its_hash_chain():
+    engine = build_synthetic_engine("tiny", 0.5, "cpu")
+    prompt = [11, 22, 33]
+    tokens = engine.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0), mode="ar")[0].token_ids
+    expected, prev = [], prompt[-1]
+    for pos in range(len(prompt) - 1, len(prompt) + 5):
+        prev = int(target_token(torch.tensor(prev), torch.tensor(pos), 8192))
+        expected.append(prev)
+    assert tokens == expected
+
+
+@pytest.mark.parametrize("preset,target_m,draft_m", [("llama2-7b+llama-160m", 6738, 162),
+                                                     ("qwen2-1.5b+qwen2-0.5b", 1544, 494)])
+def test_presets_have_the_real_models_parameter_counts(preset, target_m, draft_m):
+    sizes = []
+    for spec in PRESETS[preset]:
+        model = build_model(spec, torch.device("meta"), torch.bfloat16)  # shapes only, no memory
+        assert model.dtype == torch.bfloat16
+        sizes.append(round(sum(p.numel() for p in model.parameters()) / 1e6))
+    assert sizes == [target_m, draft_m]
+
+
+def test_a_mode_with_different_tokens_is_reported_as_not_matching():
+    from seed_tot.bench import ModeReport, ModeSpec, RunOutput, format_table, summarize_reports
+    from seed_tot.engine.params import GenerationStats
+
+    def report(mode: str, tokens: list[list[int]]) -> ModeReport:
+        stats = GenerationStats(new_tokens=2, target_calls=2, target_busy_s=0.5, wall_s=1.0)
+        return ModeReport(ModeSpec(mode, mode, (1,), None, 1), [RunOutput(1.0, stats, tokens, None)])
+
+    reports = [report("ar", [[1, 2]]), report("sd", [[1, 2]]), report("seed", [[1, 3]])]
+    rows = summarize_reports(reports, greedy=True, synthetic=None, tot=False)
+    assert [r["matches_ar"] for r in rows] == [True, True, False]
+    table = format_table(rows, greedy=True, tot=False, synthetic=None)
+    assert table.splitlines()[-1].rstrip().endswith("NO") and "SYNTHETIC" not in table
+
+
+def test_tokens_per_second_uses_the_median_run(thoughts_run):
+    _, data = thoughts_run
+    for m in data["modes"]:
+        assert m["tokens_per_s"] == pytest.approx(m["new_tokens_per_run"] / m["wall_median_s"])
