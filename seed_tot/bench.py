@@ -204,15 +204,17 @@ class ModeReport:
         return total
 
 
-def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None) -> list[ModeReport]:
+def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
+                warmup: int = 1) -> list[ModeReport]:
     device = engine.target.device
     reports = []
     for spec in specs:
         report = ModeReport(spec)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        click.echo(f"{spec.label}: warm-up + {repeats} run(s)", err=True)
-        _run_once(engine, workload, spec, 0)  # warm-up: kernels, allocator, caches; not timed
+        click.echo(f"{spec.label}: {warmup} warm-up + {repeats} run(s)", err=True)
+        for _ in range(warmup):
+            _run_once(engine, workload, spec, 0)  # warm-up: kernels, allocator, caches; not timed
         timed = recorder.wrap(engine, label=spec.label) if recorder else engine
         for i in range(1, repeats + 1):
             if recorder:
@@ -322,6 +324,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--data", type=click.Path(), default=None, help="Local task data (thoughts: a GSM8K JSONL).")
 @click.option("--limit", type=click.IntRange(min=1), default=1, show_default=True, help="Problems per tot-* run.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed runs after a warm-up.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Untimed runs per mode first (0 for slow CPU runs of big models).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write every number here.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
@@ -331,7 +335,7 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, temperature,
-          max_new_tokens, data, limit, repeats, seed, json_file, trace_dir, synthetic, alpha):
+          max_new_tokens, data, limit, repeats, warmup, seed, json_file, trace_dir, synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, verify_batch)
     if synthetic and (target or draft):
@@ -356,14 +360,14 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
                                     seed=seed)
             run, description = thoughts_workload(engine, data, params)
         try:
-            reports = bench_modes(engine, run, specs, repeats, recorder)
+            reports = bench_modes(engine, run, specs, repeats, recorder, warmup)
         finally:
             if recorder:
                 click.echo(f"trace written to {recorder.finish()}", err=True)
     rows = summarize_reports(reports, greedy, synth, tot)
     env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
     title = (f"{'SYNTHETIC ' if synthetic else ''}bench {workload}: {description}; "
-             f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after 1 warm-up")
+             f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after {warmup} warm-up")
     click.echo(title)
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
                f"torch {env['torch']} | {env['date']}")

@@ -168,3 +168,15 @@ def test_copies_of_one_prompt_share_the_prefilled_prefix_kv(setup):
     draft_keys = [s.draft.cache.layers[0].keys.data_ptr() for s in seqs]
     assert keys[0] == keys[1] == keys[2] != keys[3]  # one prefill per distinct prompt, no copy
     assert draft_keys[0] == draft_keys[1] == draft_keys[2] != draft_keys[3]
+
+
+def test_generate_inside_an_event_loop_points_to_agenerate(setup):
+    target, draft = setup
+    engine = Engine(target, draft)
+
+    async def inside():
+        with pytest.raises(RuntimeError, match="agenerate"):
+            engine.generate([[1, 2]], SamplingParams(max_new_tokens=2), mode="seed")
+        return await engine.agenerate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=0), mode="seed")
+
+    assert len(asyncio.run(inside())[0].token_ids) == 2

@@ -94,6 +94,12 @@ class Engine:
         """Generate for every prompt; results come back in prompt order."""
         params = params or SamplingParams()
         if mode == "seed":
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # no loop running here: the normal, synchronous caller
+                pass
+            else:
+                raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
             return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch))
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
         seqs, k_config = self._start(prompts, params, mode, k_config)

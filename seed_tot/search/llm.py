@@ -104,6 +104,6 @@ class LLMCaller:
             raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
         call = summarize(results)  # wall time counted once per call, not once per sequence
         add_stats(self.stats.setdefault(phase, GenerationStats()), call)
-        log.debug("%s call: %d prompts, %d new tokens, acceptance %.2f", phase, len(rendered),
+        log.info("%s call: %d prompts, %d new tokens, acceptance %.2f", phase, len(rendered),
                   call.new_tokens, call.acceptance_rate)
         return [r.text or "" for r in results]
