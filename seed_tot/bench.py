@@ -26,6 +26,7 @@ then says SYNTHETIC in its banner, title, table and JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import platform
@@ -324,6 +325,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--data", type=click.Path(), default=None, help="Local task data (thoughts: a GSM8K JSONL).")
 @click.option("--limit", type=click.IntRange(min=1), default=1, show_default=True, help="Problems per tot-* run.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed runs after a warm-up.")
+@click.option("--output", "output_dir", type=click.Path(file_okay=False), default=None,
+              help="tot-*: keep each run's results.jsonl and summary.json here (default: a temporary directory).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Untimed runs per mode first (0 for slow CPU runs of big models).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -335,7 +338,7 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, temperature,
-          max_new_tokens, data, limit, repeats, warmup, seed, json_file, trace_dir, synthetic, alpha):
+          max_new_tokens, data, limit, output_dir, repeats, warmup, seed, json_file, trace_dir, synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, verify_batch)
     if synthetic and (target or draft):
@@ -352,7 +355,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         from seed_tot.trace import TraceRecorder
         recorder = TraceRecorder(Path(trace_dir), f"bench {workload}" + (" SYNTHETIC" if synthetic else ""))
         recorder.start()
-    with tempfile.TemporaryDirectory(prefix="seed-tot-bench-") as tmp:
+    with (contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="seed-tot-bench-")) as tmp:
         if tot:
             run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp))
         else:

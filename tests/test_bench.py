@@ -84,8 +84,11 @@ def test_sampling_runs_do_not_claim_token_equality():
 def test_tot_workload_compares_predictions_with_ar(tmp_path):
     out = tmp_path / "tot.json"
     stdout = _bench("--workload", "tot-gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "1",
-                    "--modes", "ar,seed", "--max-new-tokens", "6", "--repeats", "1", "--json", str(out))
+                    "--modes", "ar,seed", "--max-new-tokens", "6", "--repeats", "1", "--json", str(out),
+                    "--output", str(tmp_path / "runs"))
     assert "predictions == ar" in stdout and "SYNTHETIC" in stdout
+    summaries = sorted(p.parent.name for p in (tmp_path / "runs").glob("*/summary.json"))
+    assert summaries == ["ar-0", "ar-1", "seed-0", "seed-1"]  # --output keeps warm-up and timed runs
     data = json.loads(out.read_text())
     assert [m["matches_ar"] for m in data["modes"]] == [True, True]
     assert data["modes"][1]["target_calls"] > 0
