@@ -113,3 +113,21 @@ def test_score_blocksworld_plans_in_natural_language_and_pddl(tmp_path):
     out = json.loads(run("score", "blocksworld", "--data", f"{FIXTURES}/blocksworld_small.jsonl",
                          "--predictions", str(preds), "--json"))
     assert out["correct"] == 1
+
+
+def test_generate_trace_has_worker_and_verifier_tracks(tmp_path, tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    run("generate", "Hi", "--target", target, "--draft", draft, "--mode", "seed", "-n", "3",
+        "--max-new-tokens", "8", "--trace", str(tmp_path / "trace"))
+    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert {"target verifier", "draft worker 0", "draft worker 2"} <= names
+    assert (tmp_path / "trace" / "gpu.csv").exists()
+
+
+def test_solve_trace_spans_every_engine_call(tmp_path, tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    _solve(tmp_path, target, draft, "seed", "traced", "--trace", str(tmp_path / "trace"))
+    trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert len(spans) > 4
