@@ -29,8 +29,11 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.target, args.draft)
     questions = [r["question"] for r in load_records(args.data, required=("question",), limit=args.n)]
     prompts = [engine.render_prompt(q) for q in questions]
