@@ -81,21 +81,10 @@ def draft_round(model, seq: Sequence, k_config: tuple[int, ...], params: Samplin
 def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
                  node_entry: dict[int, int] | None = None) -> Acceptance:
     """Score pending tokens + tree in one target forward, accept, and commit both caches."""
-    kv = seq.target
     start = time.perf_counter()
-    pending = seq.pending(kv)
-    n_p = len(pending)
-    parents = _chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents]
-    logits = kv.forward(model, pending + tree.tokens, parents)
-    target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
-    acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
-    kv.commit(list(range(n_p)) + [n_p + i for i in acc.path])
-    seq.stats.target_calls += 1
-    seq.stats.target_busy_s += time.perf_counter() - start
-    seq.stats.accepted += len(acc.path)
-    _commit_draft(seq, acc, node_entry)
-    seq.append(acc.tokens)
-    return acc
+    tokens, parents, n_p = _target_inputs(seq, tree)
+    logits = seq.target.forward(model, tokens, parents)
+    return _accept_and_commit(seq, tree, node_entry, logits, n_p, time.perf_counter() - start, params, vocab_size)
 
 
 @torch.inference_mode()
@@ -105,28 +94,33 @@ def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, in
     if len(jobs) == 1:
         return [verify_round(model, jobs[0][0], jobs[0][1], params, vocab_size, jobs[0][2])]
     start = time.perf_counter()
-    caches, tokens, parents, n_pending = [], [], [], []
-    for seq, tree, _ in jobs:
-        pending = seq.pending(seq.target)
-        n_p = len(pending)
-        caches.append(seq.target)
-        tokens.append(pending + tree.tokens)
-        parents.append(_chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents])
-        n_pending.append(n_p)
-    all_logits = forward_batch(model, caches, tokens, parents)
-    busy = time.perf_counter() - start
-    accepted = []
-    for (seq, tree, node_entry), logits, n_p in zip(jobs, all_logits, n_pending):
-        target_probs = process_logits(logits[n_p - 1:], params, vocab_size)
-        acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
-        seq.target.commit(list(range(n_p)) + [n_p + i for i in acc.path])
-        seq.stats.target_calls += 1
-        seq.stats.target_busy_s += busy / len(jobs)
-        seq.stats.accepted += len(acc.path)
-        _commit_draft(seq, acc, node_entry)
-        seq.append(acc.tokens)
-        accepted.append(acc)
-    return accepted
+    inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
+    all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
+                               [p for _, p, _ in inputs])
+    busy = (time.perf_counter() - start) / len(jobs)  # one shared forward, split evenly
+    return [_accept_and_commit(seq, tree, node_entry, logits, n_p, busy, params, vocab_size)
+            for (seq, tree, node_entry), logits, (_, _, n_p) in zip(jobs, all_logits, inputs)]
+
+
+def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
+    """The target's new entries: the pending tokens as a chain, then the tree hung off the last."""
+    pending = seq.pending(seq.target)
+    n_p = len(pending)
+    parents = _chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents]
+    return pending + tree.tokens, parents, n_p
+
+
+def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
+                       n_p: int, busy: float, params: SamplingParams, vocab_size: int) -> Acceptance:
+    target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
+    acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
+    seq.target.commit(list(range(n_p)) + [n_p + i for i in acc.path])
+    seq.stats.target_calls += 1
+    seq.stats.target_busy_s += busy
+    seq.stats.accepted += len(acc.path)
+    _commit_draft(seq, acc, node_entry)
+    seq.append(acc.tokens)
+    return acc
 
 
 def _commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:
