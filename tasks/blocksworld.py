@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from seed_tot.prompts import load_prompts
+from seed_tot.prompts import task_prompts
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 
 from .blocksworld_sim import (BlocksProblem, PddlError, describe_goal, describe_state, find_action,
@@ -57,9 +57,7 @@ class Blocksworld:
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None, *,
                  n_random: int = 10, n_blocks: int = 4, plan_length: int = 6, seed: int = 0):
         self.config = config or SearchConfig(depth=6, n_generate=3, breadth=1, max_new_tokens=32)
-        self.prompts = prompts if prompts is not None else load_prompts("blocksworld")
-        if missing := [k for k in REQUIRED_PROMPTS if k not in self.prompts]:
-            raise ValueError(f"blocksworld prompts lack template(s) {', '.join(missing)}")
+        self.prompts = task_prompts("blocksworld", prompts, REQUIRED_PROMPTS)
         # What `load(None)` generates: fixed so that a run without data is reproducible.
         self.n_random, self.n_blocks, self.plan_length, self.seed = n_random, n_blocks, plan_length, seed
 

@@ -11,7 +11,7 @@ import logging
 import re
 from typing import Any
 
-from seed_tot.prompts import load_prompts
+from seed_tot.prompts import task_prompts
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 from tasks.loading import DataError, load_records
 
@@ -123,10 +123,7 @@ class CreativeWriting:
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()
-        self.prompts = prompts if prompts is not None else load_prompts("creative_writing")
-        missing = [k for k in REQUIRED_PROMPTS if k not in self.prompts]
-        if missing:
-            raise ValueError(f"creative_writing prompts lack template(s) {', '.join(missing)}")
+        self.prompts = task_prompts("creative_writing", prompts, REQUIRED_PROMPTS)
 
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
         if path is None:

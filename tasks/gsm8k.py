@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from seed_tot.prompts import load_prompts
+from seed_tot.prompts import task_prompts
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 from tasks.loading import load_records
 
@@ -100,10 +100,7 @@ class GSM8K:
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()
-        self.prompts = prompts if prompts is not None else load_prompts("gsm8k")
-        missing = [k for k in REQUIRED_PROMPTS if k not in self.prompts]
-        if missing:
-            raise ValueError(f"gsm8k prompts lack template(s) {', '.join(missing)}")
+        self.prompts = task_prompts("gsm8k", prompts, REQUIRED_PROMPTS)
 
     # --- data -------------------------------------------------------------------------------
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:

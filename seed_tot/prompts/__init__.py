@@ -29,3 +29,12 @@ def load_prompts(name: str) -> dict[str, Any]:
     if not isinstance(prompts, dict):
         raise ValueError(f"{file}: expected a mapping of template names to strings")
     return prompts
+
+
+def task_prompts(name: str, prompts: dict[str, Any] | None, required: tuple[str, ...]) -> dict[str, Any]:
+    """A task's templates (`prompts`, or the shipped file when None), checked to hold `required`."""
+    prompts = prompts if prompts is not None else load_prompts(name)
+    missing = [k for k in required if k not in prompts]
+    if missing:
+        raise ValueError(f"{name} prompts lack template(s) {', '.join(missing)}")
+    return prompts
