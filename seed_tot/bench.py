@@ -347,7 +347,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
         click.echo(synthetic_banner(synthetic, alpha))
     else:
-        engine = load_engine(target, draft, draft_layers, device, dtype)
+        engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.mode for s in specs])
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload != "thoughts"
     recorder = None

@@ -63,7 +63,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
                                 stop=stop, seed=seed)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    engine = load_engine(target, draft, draft_layers, device, dtype)
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
         results = engine.generate([rendered] * num_samples, params, mode=mode, k_config=k_config,
@@ -114,7 +114,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch, seed=seed)
-    engine = load_engine(target, draft, draft_layers, device, dtype)
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))

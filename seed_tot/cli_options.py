@@ -31,9 +31,14 @@ def model_options(fn):
     return fn
 
 
-def load_engine(target, draft, draft_layers, device, dtype):
+DRAFTING_MODES = ("sd", "mcsd", "seed")
+
+
+def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES):
+    """The engine for `modes`; the draft is loaded only when one of them drafts."""
     from seed_tot import Engine
-    return Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
+    return Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers,
+                                  load_draft=any(m in DRAFTING_MODES for m in modes))
 
 
 DEFAULT_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

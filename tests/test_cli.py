@@ -39,6 +39,15 @@ def test_generate_prints_text_and_stats(tiny_model_dirs):
     assert "acceptance" in out and "tokens/target call" in out and "mode=sd" in out
 
 
+def test_modes_without_drafting_do_not_load_the_draft(tmp_path, tiny_model_dirs):
+    target, _ = tiny_model_dirs
+    missing = str(tmp_path / "no-such-draft")  # loading it would fail, so only a skipped load passes
+    out = run("generate", "Hi", "--target", target, "--draft", missing, "--mode", "ar", "--max-new-tokens", "4")
+    assert "draft=none" in out
+    assert "no-such-draft" in fails("generate", "Hi", "--target", target, "--draft", missing, "--mode", "seed",
+                                    "--max-new-tokens", "4")
+
+
 def _solve(tmp_path, target, draft, mode, name, *extra):
     out_dir = tmp_path / name
     run("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "1", "--mode", mode,

@@ -43,14 +43,20 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
-                        dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS) -> "Engine":
+                        dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
+                        load_draft: bool = True) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
-        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers."""
+        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers.
+        load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory)."""
         dev = resolve_device(device)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         target = target or default_target()
         target_model, tokenizer = load_model_and_tokenizer(target, dev, dtype)
+        if not load_draft:
+            if draft is not None:
+                log.info("not loading draft %s: the requested mode runs the target alone", draft)
+            return cls(target_model, None, tokenizer, target_name=target, draft_name="none")
         if draft is None:
             draft_model, draft_name = truncated_draft(target_model, draft_layers), f"{target}[:{draft_layers} layers]"
         else:
