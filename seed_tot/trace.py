@@ -8,9 +8,9 @@ DIR/gpu.csv      t_s, util_percent, mem_used_mib sampled through NVML (header on
 DIR/utilization.png  one panel per mode, like the SEED paper's Fig. 4
 
 Times are seconds since `start()`. SEED events carry times relative to the scheduler's own start,
-which the engine does not report; they are aligned so that the last event ends when the call
-returned (the scheduler's last step is the last verification), and the gap before it (prefill and
-scheduler setup) is drawn as its own span. A verify span is the scheduler's view: from handing the
+whose `time.perf_counter()` the scheduler records in its "start" event, so they are placed exactly;
+the gap between the call's start and the scheduler's (prefill and scheduler setup) is drawn as its
+own span. (Events without that clock are aligned so the last one ends when the call returned.) A verify span is the scheduler's view: from handing the
 batch to the target thread until the event loop sees the result, so it includes the hand-off.
 """
 from __future__ import annotations
@@ -233,7 +233,7 @@ class TraceRecorder:
             out.append(_span(TID_TARGET, f"{call.label} call", call.start, call.end,
                              {"target_busy_fraction": call.stats.target_busy_fraction, "prompts": n}))
             return out
-        offset = _event_offset(call)
+        offset = _event_offset(call, self.t0)
         if offset > call.start:
             out.append(_span(TID_TARGET, "prefill + scheduler setup", call.start, offset))
         queue = [(call.start, 0)]
@@ -256,7 +256,7 @@ class TraceRecorder:
         origin, stop = calls[0].start, max(c.end for c in calls)
         n_bins = max(1, math.ceil((stop - origin) / BIN_S - 1e-9))
         busy = [0.0] * n_bins
-        for start, end, weight in _busy_intervals(calls):
+        for start, end, weight in _busy_intervals(calls, self.t0):
             for b in range(int((start - origin) / BIN_S), min(n_bins, int((end - origin) / BIN_S) + 1)):
                 lo, hi = origin + b * BIN_S, origin + (b + 1) * BIN_S
                 busy[b] += max(0.0, min(hi, end) - max(lo, start)) * weight / BIN_S
@@ -299,7 +299,11 @@ class TraceRecorder:
         fig.savefig(path, dpi=110)
 
 
-def _event_offset(call: _Call) -> float:
+def _event_offset(call: _Call, clock_origin: float) -> float:
+    """Where the call's event time 0 falls on the recorder's clock (which started at clock_origin)."""
+    clock = next((e["clock"] for e in call.events if e["type"] == "start" and "clock" in e), None)
+    if clock is not None:
+        return clock - clock_origin
     last = max(max(e.get("end", e.get("t", 0.0)) for e in call.events), 0.0)
     return max(call.start, call.end - last)
 
@@ -313,7 +317,7 @@ def _verify_groups(events: list[dict]) -> dict[tuple[float, float], list[dict]]:
     return groups
 
 
-def _busy_intervals(calls: list[_Call]) -> list[tuple[float, float, float]]:
+def _busy_intervals(calls: list[_Call], clock_origin: float) -> list[tuple[float, float, float]]:
     """(start, end, busy fraction) of the target, so that each call adds up to its measured
     target_busy_s (the number the bench table reports). SEED: the verify spans and the prefill
     window, scaled down together; the spans are the scheduler's view and also hold the hand-off
@@ -322,7 +326,7 @@ def _busy_intervals(calls: list[_Call]) -> list[tuple[float, float, float]]:
     out = []
     for call in calls:
         if call.events:
-            offset = _event_offset(call)
+            offset = _event_offset(call, clock_origin)
             spans = [(offset + s, offset + e) for s, e in _verify_groups(call.events)]
             if offset > call.start:
                 spans.append((call.start, offset))

@@ -159,6 +159,19 @@ def test_without_matplotlib_the_png_is_skipped_with_a_warning(tmp_path, engine, 
     assert "matplotlib is not installed" in caplog.text
 
 
+def test_seed_events_are_placed_at_the_schedulers_recorded_clock(tmp_path):
+    recorder = TraceRecorder(tmp_path, "clock")
+    # the scheduler started 0.25 s into a call spanning [1.0, 2.0]; its one verification took 0.1 s.
+    # Aligning the last event to the call's end would put it at 1.9 s; the clock says 1.25 s.
+    events = [{"type": "start", "t": 0.0, "clock": recorder.t0 + 1.25},
+              {"type": "verify", "worker": 0, "start": 0.0, "end": 0.1, "enqueued": 0.0, "accepted": 1,
+               "resampled": False, "batch": 1}]
+    call = _Call("seed", 1.0, 2.0, None, GenerationStats(target_busy_s=0.35, wall_s=1.0), events)
+    spans = [e for e in recorder._call_events(call) if e["ph"] == "X" and e["tid"] == TID_TARGET]
+    assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [
+        ("prefill + scheduler setup", 1.0e6, 0.25e6), ("verify x1", 1.25e6, 0.1e6)]
+
+
 def test_busy_fraction_is_the_share_of_each_bin_spent_verifying(tmp_path):
     recorder = TraceRecorder(tmp_path, "bins")
     # verify spans cover [0.00, 0.05) fully and half of [0.05, 0.10); then idle until 0.20

@@ -113,6 +113,8 @@ class SeedScheduler:
 
     async def run(self, seqs: list[Sequence]) -> None:
         self._t0 = time.perf_counter()
+        # event times are relative to this instant; its absolute clock lets a trace place them exactly
+        self.events.append({"type": "start", "t": 0.0, "clock": self._t0})
         n_workers = min(self.n_workers or len(seqs), len(seqs))
         n_threads = min(n_workers, MAX_DRAFT_THREADS)
         streams = _Streams(self.engine.target.device)
