@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from seed_tot import Engine
+from seed_tot.engine.params import DRAFTING_MODES
 from seed_tot.search import apply_overrides, load_settings, solve_dataset
 from tasks import get_task
 
@@ -40,17 +41,18 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tasks, modes = args.tasks.split(","), args.modes.split(",")
     engine = Engine.from_pretrained(args.target, args.draft)
+    setups = {}  # name -> (task, its first `limit` examples, its config)
+    for name in tasks:
+        task = get_task(name)
+        setups[name] = (task, task.load(str(Path(args.shared) / DATA_FILES[name]), limit=args.limit),
+                        load_settings(REPO / "configs" / f"{name}.yaml", base=task.config))
     summaries = {}
-    for i in range(1, args.limit + 1):
-        for name in tasks:
-            task = get_task(name)
-            examples = task.load(str(Path(args.shared) / DATA_FILES[name]), limit=i)
-            base = load_settings(REPO / "configs" / f"{name}.yaml", base=task.config)
+    for i in range(1, args.limit + 1):  # the first i problems; resume skips those already solved
+        for name, (task, examples, base) in setups.items():
             for mode in modes:
-                settings = apply_overrides(base, mode=mode)
                 out = Path(args.output) / f"{name}-{mode}"
-                summaries[name, mode] = solve_dataset(engine, task, examples, settings=settings, output_dir=out,
-                                                      resume=True)
+                summaries[name, mode] = solve_dataset(engine, task, examples[:i], settings=apply_overrides(base, mode=mode),
+                                                      output_dir=out, resume=True)
     print_table(summaries)
 
 
@@ -67,7 +69,7 @@ def print_table(summaries: dict) -> None:
         for key in ("acceptance_rate", "tokens_per_target_call"):
             for phase in ("thought", "value"):
                 value = phases.get(phase, {}).get(key)
-                cells.append("-" if mode in ("ar", "parallel") or value is None else f"{value:.3f}")
+                cells.append("-" if mode not in DRAFTING_MODES or value is None else f"{value:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines), file=sys.stderr)
     print(json.dumps({f"{n}-{m}": {k: v for k, v in s.items() if k != "settings"} for (n, m), s in summaries.items()},

@@ -44,7 +44,7 @@ import torch
 
 from seed_tot.cli_options import DEFAULT_PROMPT, load_engine, model_options, parse_k_config
 from seed_tot.engine import summarize
-from seed_tot.engine.params import MODES, GenerationResult, GenerationStats, SamplingParams
+from seed_tot.engine.params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams
 from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_acceptance
 
 WORKLOADS = ("thoughts", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
@@ -72,7 +72,7 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
             raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM] with MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
         opts = dict(re.findall(r"@(w|vb)(\d+)", m["opts"]))
-        if (m["k"] or opts) and m["mode"] in ("ar", "parallel"):
+        if (m["k"] or opts) and m["mode"] not in DRAFTING_MODES:
             raise click.BadParameter(f"{label!r}: {m['mode']} drafts nothing, it takes no :K or @ settings",
                                      param_hint="--modes")
         if opts and m["mode"] != "seed":
@@ -245,7 +245,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    acceptance_rate=total.acceptance_rate, tokens_per_target_call=total.tokens_per_target_call,
                    target_busy_fraction=total.target_busy_fraction, target_calls=total.target_calls,
                    draft_calls=total.draft_calls, peak_memory_mib=r.peak_memory_mib)
-        if r.spec.mode in ("sd", "mcsd", "seed") and synthetic:
+        if r.spec.mode in DRAFTING_MODES and synthetic:
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
         row["matches_ar"] = _matches(r, ref["ar"], greedy, tot)
@@ -280,7 +280,7 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
                "tokens/target call", "target busy", "peak MiB", match_header]
     body = []
     for row in rows:
-        accept = "-" if row["mode"] in ("ar", "parallel") else f"{row['acceptance_rate']:.3f}"
+        accept = "-" if row["mode"] not in DRAFTING_MODES else f"{row['acceptance_rate']:.3f}"
         if "oracle_expected_acceptance" in row:
             accept += f" (oracle {row['oracle_expected_acceptance']:.3f})"
         matches = row["matches_ar"]

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import click
 
-MODE_CHOICE = click.Choice(["ar", "parallel", "sd", "mcsd", "seed"])
+from seed_tot.engine.params import DRAFTING_MODES, MODES
+
+MODE_CHOICE = click.Choice(MODES)
 
 
 def parse_k_config(ctx, param, value):
@@ -29,9 +31,6 @@ def model_options(fn):
     ]):
         fn = option(fn)
     return fn
-
-
-DRAFTING_MODES = ("sd", "mcsd", "seed")
 
 
 def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES):

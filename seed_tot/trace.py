@@ -10,8 +10,9 @@ DIR/utilization.png  one panel per mode, like the SEED paper's Fig. 4
 Times are seconds since `start()`. SEED events carry times relative to the scheduler's own start,
 whose `time.perf_counter()` the scheduler records in its "start" event, so they are placed exactly;
 the gap between the call's start and the scheduler's (prefill and scheduler setup) is drawn as its
-own span. (Events without that clock are aligned so the last one ends when the call returned.) A verify span is the scheduler's view: from handing the
-batch to the target thread until the event loop sees the result, so it includes the hand-off.
+own span. (Events without that clock are aligned so the last one ends when the call returned.)
+A verify span is the scheduler's view: from handing the batch to the target thread until the
+event loop sees the result, so it includes the hand-off.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import torch
 from .kv_cache import KVCache
 from .models import (DEFAULT_DRAFT_LAYERS, default_target, load_model_and_tokenizer, resolve_device,
                      truncated_draft)
-from .params import MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
+from .params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
 from .speculative import draft_round, prefill, verify_round
 
@@ -135,7 +135,7 @@ class Engine:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         k_config = check_k_config(k_config)
-        if mode in ("sd", "mcsd", "seed") and self.draft is None:
+        if mode in DRAFTING_MODES and self.draft is None:
             raise ValueError(f"mode {mode!r} needs a draft model")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")

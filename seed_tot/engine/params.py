@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 MODES = ("ar", "parallel", "sd", "mcsd", "seed")
+DRAFTING_MODES = ("sd", "mcsd", "seed")  # the modes that run a draft model
 
 
 @dataclass(frozen=True)
