@@ -16,7 +16,7 @@ import time
 import torch
 
 from seed_tot import Engine, SamplingParams
-from tasks.loading import load_records
+from seed_tot.tasks.loading import load_records
 
 MODES = [("ar", (1,)), ("sd", (1, 1, 1)), ("sd", (1, 1, 1, 1)), ("mcsd", (2, 2, 1)), ("mcsd", (4, 2, 1, 1)), ("seed", (1, 1, 1))]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from seed_tot import Engine
 from seed_tot.engine.params import DRAFTING_MODES
 from seed_tot.search import apply_overrides, load_settings, solve_dataset
-from tasks import get_task
+from seed_tot.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_FILES = {"gsm8k": "gsm8k/test.jsonl", "blocksworld": "blocksworld/step_6.jsonl",

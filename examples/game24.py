@@ -150,7 +150,7 @@ class Game24:
             records = [{"id": str(i), "puzzle": p} for i, p in enumerate(PUZZLES)]
             records = records[offset:None if limit is None else offset + limit]
         else:
-            from tasks.loading import load_records
+            from seed_tot.tasks.loading import load_records
             records = load_records(path, text_field="puzzle", limit=limit, offset=offset)
         return [Example(id=r["id"], data=r) for r in records]
 

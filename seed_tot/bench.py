@@ -118,7 +118,7 @@ Workload = Callable[[Any, ModeSpec, int], "list[str] | None"]
 
 def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
     from seed_tot.search.protocol import Example, State
-    from tasks.gsm8k import GSM8K
+    from seed_tot.tasks.gsm8k import GSM8K
 
     task = GSM8K()
     example = (task.load(data, limit=1)[0] if data else
@@ -142,16 +142,15 @@ def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
                  seed: int, out_root: Path) -> tuple[Workload, str]:
-    from seed_tot.search import apply_overrides, load_settings, solve_dataset
-    from tasks import get_task
+    from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
+    from seed_tot.tasks import get_task
 
     task = get_task(workload.removeprefix("tot-"))
     if data is None and task.name != "blocksworld":
         raise click.UsageError(f"--workload {workload} needs --data PATH (bench does not download datasets)")
     if data is not None and not Path(data).is_file():
         raise click.UsageError(f"--data {data}: no such file")
-    config = Path(__file__).resolve().parent.parent / "configs" / f"{task.name}.yaml"
-    settings = load_settings(config if config.is_file() else None, base=task.config)
+    settings = load_settings(shipped_config(task.name), base=task.config)
     settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     examples = task.load(data, limit=limit)
 

@@ -121,16 +121,15 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
 
 
 def _task_setup(task_name, config_file, data, limit, offset):
-    from seed_tot.search import load_settings
-    from tasks import get_task
+    from seed_tot.search import load_settings, shipped_config
+    from seed_tot.tasks import get_task
 
     try:
         task = get_task(task_name)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if config_file is None:
-        default = Path(__file__).resolve().parent.parent / "configs" / f"{task.name}.yaml"
-        config_file = default if default.is_file() else None
+        config_file = shipped_config(task.name)
     settings = load_settings(config_file, base=task.config)
     if data is not None and not Path(data).is_file():
         raise click.UsageError(f"--data {data}: no such file")
@@ -146,8 +145,8 @@ def _task_setup(task_name, config_file, data, limit, offset):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with n, correct and accuracy.")
 def score(task_name, data, predictions, as_json):
     """Rescore saved predictions against the task's data."""
-    from tasks import get_task
-    from tasks.loading import DataError, read_jsonl
+    from seed_tot.tasks import get_task
+    from seed_tot.tasks.loading import DataError, read_jsonl
 
     try:
         task = get_task(task_name)

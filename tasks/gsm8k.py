@@ -15,7 +15,7 @@ from typing import Any
 
 from seed_tot.prompts import task_prompts
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
-from tasks.loading import load_records
+from seed_tot.tasks.loading import load_records
 
 log = logging.getLogger(__name__)
 

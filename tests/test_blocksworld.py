@@ -9,11 +9,11 @@ import pytest
 
 from seed_tot.prompts import load_prompts
 from seed_tot.search.protocol import Example, State, Task
-from tasks.blocksworld import UNPARSED, VALUE_BAD, VALUE_GOOD, VALUE_ILLEGAL, VALUE_UNSURE, Blocksworld
-from tasks.blocksworld_sim import (Action, ActionParseError, IllegalAction, PddlError, apply,
+from seed_tot.tasks.blocksworld import UNPARSED, VALUE_BAD, VALUE_GOOD, VALUE_ILLEGAL, VALUE_UNSURE, Blocksworld
+from seed_tot.tasks.blocksworld_sim import (Action, ActionParseError, IllegalAction, PddlError, apply,
                                    describe_goal, describe_state, find_action, optimal_plan,
                                    parse_action, parse_problem, random_instance, validate_plan)
-from tasks.loading import DataError
+from seed_tot.tasks.loading import DataError
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "blocksworld" / "step_6.jsonl"
 

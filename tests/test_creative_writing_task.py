@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from seed_tot.search.protocol import Example, State, Task
-from tasks.creative_writing import CreativeWriting, split_sentences
-from tasks.loading import DataError
+from seed_tot.tasks.creative_writing import CreativeWriting, split_sentences
+from seed_tot.tasks.loading import DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "creative_writing_small.txt"
 SENTENCES = [

@@ -7,8 +7,8 @@ import pytest
 
 from seed_tot.prompts import load_prompts
 from seed_tot.search.protocol import Example, Prompt, State, Task
-from tasks.gsm8k import GSM8K, answers_match, extract_answer
-from tasks.loading import DataError
+from seed_tot.tasks.gsm8k import GSM8K, answers_match, extract_answer
+from seed_tot.tasks.loading import DataError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k_small.jsonl"
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"

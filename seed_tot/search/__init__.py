@@ -1,7 +1,7 @@
 """Tree-of-thoughts search over the `Task` protocol: BFS (SEED's Algorithm 1), DFS, and a
 dataset runner that writes results.jsonl and summary.json."""
 from .bfs import bfs
-from .config import ConfigError, RunSettings, apply_overrides, load_settings
+from .config import ConfigError, RunSettings, apply_overrides, load_settings, shipped_config
 from .dfs import dfs
 from .expansion import SearchResult
 from .llm import DecodingSettings, LLMCaller
@@ -11,4 +11,4 @@ from .solve import solve_dataset
 
 __all__ = ["ConfigError", "DecodingSettings", "Example", "LLMCaller", "Prompt", "ResultsFileError", "RunSettings",
            "SearchConfig", "SearchResult", "State", "Task", "apply_overrides", "bfs", "dfs", "load_settings",
-           "solve_dataset"]
+           "shipped_config", "solve_dataset"]

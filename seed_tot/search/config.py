@@ -8,6 +8,7 @@ silently ignored, because a typo such as `bredth: 5` would otherwise run the def
 from __future__ import annotations
 
 import dataclasses
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -151,6 +152,17 @@ def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_no
         else:
             setattr(updated.search if on_search else updated, key, value)
     return updated
+
+
+def shipped_config(task_name: str) -> Path | None:
+    """The YAML file shipped for a built-in task (configs/TASK.yaml in the repository, installed as
+    the `seed_tot.configs` package data), or None when there is none for this task."""
+    try:
+        root = resources.files("seed_tot.configs")
+    except ModuleNotFoundError:  # a source tree on sys.path without any install
+        root = Path(__file__).resolve().parents[2] / "configs"
+    path = Path(str(root / f"{task_name}.yaml"))
+    return path if path.is_file() else None
 
 
 def load_settings(path: str | Path | None, base: SearchConfig | None = None) -> RunSettings:
