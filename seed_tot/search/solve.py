@@ -36,7 +36,8 @@ REPORTED_PHASES = ("thought", "value", "answer")  # always in a record (zeros wh
 RECORD_FIELDS = frozenset({"id", "input", "prediction", "judge_score", "judge_reply", "answer_completion",
                            "best_state", "best_value", "expanded", "steps", "stats", "wall_s"})
 
-__all__ = ["RESULTS_FILE", "SUMMARY_FILE", "ResultsFileError", "run_search", "solve_dataset", "solve_example"]
+__all__ = ["RESULTS_FILE", "SUMMARY_FILE", "ResultsFileError", "ResultsRecorder", "resolve_algorithm", "run_search",
+           "solve_dataset", "solve_example"]
 
 
 def run_search(caller: LLMCaller, task: Task, example: Example, settings: RunSettings,
@@ -89,6 +90,82 @@ def _progress_postfix(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     return postfix
 
 
+def resolve_algorithm(settings: RunSettings, algorithm: str | None) -> str:
+    """`algorithm` if given, else the settings' one; either must be bfs or dfs."""
+    algorithm = algorithm or settings.algorithm
+    if algorithm not in ("bfs", "dfs"):
+        raise ValueError(f"unknown search algorithm {algorithm!r}; expected bfs or dfs")
+    return algorithm
+
+
+class ResultsRecorder:
+    """The one writer of OUTPUT/results.jsonl and summary.json, for the single-process loop here
+    and for the Ray driver (search/distributed.py), so both write the same files the same way.
+
+    On construction it reopens results.jsonl (`resume`) and works out `todo`: the requested
+    examples not yet in the file, each id once. Use it as a context manager around the solving;
+    `add` appends one record, flushed and fsynced, so a killed run loses at most what is in flight.
+    """
+
+    def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
+                 output_dir: str | Path, resume: bool):
+        self.task, self.settings, self.algorithm = task, settings, algorithm
+        self.out = Path(output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results_path = self.out / RESULTS_FILE
+        self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
+        self.requested_ids = list(dict.fromkeys(ex.id for ex in examples))
+        if len(self.requested_ids) < len(examples):
+            log.warning("%d example ids appear more than once; each is solved once",
+                        len(examples) - len(self.requested_ids))
+        pending = {ex.id: ex for ex in reversed(examples) if ex.id not in self.done}  # first occurrence wins
+        self.todo = [pending[i] for i in self.requested_ids if i in pending]
+        if self.done:
+            log.info("resuming %s: %d of %d problems already done", self.results_path,
+                     len(self.requested_ids) - len(self.todo), len(self.requested_ids))
+        self._fh = None
+        self._bar = None
+
+    def __enter__(self) -> "ResultsRecorder":
+        total = len(self.requested_ids)
+        self._bar = tqdm(total=total, initial=total - len(self.todo), desc=self.task.name, unit="problem",
+                         file=sys.stderr, dynamic_ncols=True)
+        self._fh = self.results_path.open("a", encoding="utf-8")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._fh.close()
+        self._bar.close()
+        if exc_type is KeyboardInterrupt:
+            log.warning("interrupted: %d of %d problems are in %s; run again with --resume to finish",
+                        len(self.records()), len(self.requested_ids), self.results_path)
+        return False
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records of the requested problems written so far, in the requested order."""
+        return [self.done[i] for i in self.requested_ids if i in self.done]
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.done[str(record["id"])] = record
+        self._bar.update(1)
+        self._bar.set_postfix(_progress_postfix(self.records()))
+        log.info("%s %s: prediction %r, %.1fs", self.task.name, record["id"], record["prediction"],
+                 record.get("wall_s", 0.0))
+
+    def write_summary(self) -> dict[str, Any]:
+        settings = self.settings
+        summary = summarize_records(self.records())
+        summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.mode,
+                        "k_config": list(settings.k_config), "settings": settings.to_dict(),
+                        "results": str(self.results_path)})
+        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        log.info("%s: %d problems, summary in %s", self.task.name, summary["n"], self.out / SUMMARY_FILE)
+        return summary
+
+
 def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                   output_dir: str | Path, resume: bool = False, algorithm: str | None = None) -> dict[str, Any]:
     """Search every example, appending to output_dir/results.jsonl; write and return the summary.
@@ -96,49 +173,10 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     algorithm: "bfs" or "dfs"; None uses `settings.algorithm`. Raises ResultsFileError when
     results.jsonl already holds results and `resume` is False.
     """
-    algorithm = algorithm or settings.algorithm
-    if algorithm not in ("bfs", "dfs"):
-        raise ValueError(f"unknown search algorithm {algorithm!r}; expected bfs or dfs")
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results_path = out / RESULTS_FILE
-    done = prepare_results_file(results_path, resume)  # id -> record already written
-    requested_ids = [ex.id for ex in examples]
-    todo = [ex for ex in examples if ex.id not in done]
-    if done:
-        log.info("resuming %s: %d of %d problems already done", results_path, len(examples) - len(todo), len(examples))
+    algorithm = resolve_algorithm(settings, algorithm)
     caller = LLMCaller(engine, settings.decoding())
-    records = [done[i] for i in dict.fromkeys(requested_ids) if i in done]
-
-    bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=task.name, unit="problem",
-               file=sys.stderr, dynamic_ncols=True)
-    try:
-        with results_path.open("a", encoding="utf-8") as fh:
-            for example in todo:
-                if example.id in done:  # the same id twice in the input: solve it once
-                    log.warning("example id %s appears more than once; solving it once", example.id)
-                    bar.update(1)
-                    continue
-                record = solve_example(caller, task, example, settings, algorithm)
-                fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-                done[example.id] = record
-                records.append(record)
-                bar.update(1)
-                bar.set_postfix(_progress_postfix(records))
-                log.info("%s %s: prediction %r, %.1fs", task.name, example.id, record["prediction"], record["wall_s"])
-    except KeyboardInterrupt:
-        log.warning("interrupted: %d of %d problems are in %s; run again with --resume to finish",
-                    len(records), len(examples), results_path)
-        raise
-    finally:
-        bar.close()
-
-    summary = summarize_records(records)
-    summary.update({"task": task.name, "algorithm": algorithm, "mode": settings.mode,
-                    "k_config": list(settings.k_config), "settings": settings.to_dict(),
-                    "results": str(results_path)})
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    log.info("%s: %d problems, summary in %s", task.name, summary["n"], out / SUMMARY_FILE)
-    return summary
+    with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
+                         resume=resume) as recorder:
+        for example in recorder.todo:
+            recorder.add(solve_example(caller, task, example, settings, algorithm))
+    return recorder.write_summary()
