@@ -49,12 +49,12 @@ def main() -> None:
                 ar_tokens.append(r.token_ids)
             walls.append(r.stats.wall_s)
             acc.append((r.stats.accepted, r.stats.draft_depth))
-            tpc.append((r.stats.new_tokens, r.stats.target_calls))
+            tpc.append((r.stats.new_tokens, r.stats.target_forwards))
             equal.append(r.token_ids == ar_tokens[i])
             print(json.dumps({"mode": name, "question": i, "wall_s": r.stats.wall_s, "tokens": len(r.token_ids),
                               "stats": r.stats.to_dict(), "equal_to_ar": equal[-1]}), flush=True)
         rows[name] = {"wall_s": sum(walls), "acceptance": sum(a for a, _ in acc) / max(1, sum(d for _, d in acc)),
-                      "tokens_per_target_call": sum(t for t, _ in tpc) / sum(c for _, c in tpc), "equal": all(equal)}
+                      "tokens_per_target_forward": sum(t for t, _ in tpc) / sum(c for _, c in tpc), "equal": all(equal)}
     if not args.skip_hf:  # the peer to beat: transformers' assisted generation with the same draft
         walls, equal = [], []
         tok = engine.tokenizer
@@ -68,13 +68,13 @@ def main() -> None:
             equal.append(new == ar_tokens[i])
             print(json.dumps({"mode": "hf-assisted", "question": i, "wall_s": walls[-1], "tokens": len(new),
                               "equal_to_ar": equal[-1]}), flush=True)
-        rows["hf assisted"] = {"wall_s": sum(walls), "acceptance": float("nan"), "tokens_per_target_call": float("nan"),
+        rows["hf assisted"] = {"wall_s": sum(walls), "acceptance": float("nan"), "tokens_per_target_forward": float("nan"),
                                "equal": all(equal)}
     ar = rows["ar"]["wall_s"]
     print(f"{'mode':18} {'wall s':>8} {'vs ar':>6} {'accept':>7} {'tok/call':>8} tokens==ar", file=sys.stderr)
     for name, row in rows.items():
         print(f"{name:18} {row['wall_s']:8.1f} {ar / row['wall_s']:6.2f} {row['acceptance']:7.3f} "
-              f"{row['tokens_per_target_call']:8.2f} {'yes' if row['equal'] else 'NO'}", file=sys.stderr)
+              f"{row['tokens_per_target_forward']:8.2f} {'yes' if row['equal'] else 'NO'}", file=sys.stderr)
     print(json.dumps({"summary": rows}), flush=True)
 
 

@@ -66,7 +66,7 @@ def print_table(summaries: dict) -> None:
             quality = f"endings {s.get('mean_score', 0):.3f}, judge {s.get('mean_judge_score', 0):.2f}"
         phases = s.get("phases", {})
         cells = [name, mode, str(s["n"]), quality, f"{s['mean_wall_s']:.1f}"]
-        for key in ("acceptance_rate", "tokens_per_target_call"):
+        for key in ("acceptance_rate", "tokens_per_target_forward"):
             for phase in ("thought", "value"):
                 value = phases.get(phase, {}).get(key)
                 cells.append("-" if mode not in DRAFTING_MODES or value is None else f"{value:.3f}")

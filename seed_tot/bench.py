@@ -241,9 +241,11 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
             row[f"speedup_vs_{m}"] = other.median / r.median if other and r.median > 0 else None
         tokens_per_run = total.new_tokens / len(r.runs)  # identical runs under greedy decoding
         row.update(new_tokens_per_run=tokens_per_run, tokens_per_s=tokens_per_run / r.median,
-                   acceptance_rate=total.acceptance_rate, tokens_per_target_call=total.tokens_per_target_call,
-                   target_busy_fraction=total.target_busy_fraction, target_calls=total.target_calls,
-                   draft_calls=total.draft_calls, peak_memory_mib=r.peak_memory_mib)
+                   acceptance_rate=total.acceptance_rate, tokens_per_target_forward=total.tokens_per_target_forward,
+                   rows_per_target_forward=total.rows_per_target_forward,
+                   target_busy_fraction=total.target_busy_fraction, target_forwards=round(total.target_forwards, 6),
+                   target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
+                   verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         if r.spec.mode in DRAFTING_MODES and synthetic:
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
@@ -276,7 +278,7 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
 def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | None) -> str:
     match_header = "predictions == ar" if tot else "tokens == ar"
     headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", "tokens/s", "acceptance",
-               "tokens/target call", "target busy", "peak MiB", match_header]
+               "tokens/target fwd", "rows/target fwd", "target busy", "peak MiB", match_header]
     body = []
     for row in rows:
         accept = "-" if row["mode"] not in DRAFTING_MODES else f"{row['acceptance_rate']:.3f}"
@@ -287,7 +289,8 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
                  else "n/a (sampling)" if not greedy else "n/a (no ar)" if matches is None else "NO")
         body.append([row["label"], f"{row['wall_median_s']:.3f} [{row['wall_min_s']:.3f}-{row['wall_max_s']:.3f}]",
                      _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), f"{row['tokens_per_s']:.1f}",
-                     accept, f"{row['tokens_per_target_call']:.2f}", f"{row['target_busy_fraction']:.0%}",
+                     accept, f"{row['tokens_per_target_forward']:.2f}", f"{row['rows_per_target_forward']:.2f}",
+                     f"{row['target_busy_fraction']:.0%}",
                      f"{row['peak_memory_mib']:.0f}", match])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *body]]

@@ -80,8 +80,9 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
         click.echo(f"--- mode={mode} k_config={','.join(map(str, k_config))} target={engine.target_name} "
                    f"draft={engine.draft_name}")
         click.echo(f"wall {total.wall_s:.2f}s  tokens {total.new_tokens}  tokens/s {total.new_tokens / max(total.wall_s, 1e-9):.1f}  "
-                   f"acceptance {total.acceptance_rate:.3f}  tokens/target call {total.tokens_per_target_call:.2f}  "
-                   f"target calls {total.target_calls}  draft calls {total.draft_calls}  "
+                   f"acceptance {total.acceptance_rate:.3f}  tokens/target forward {total.tokens_per_target_forward:.2f}  "
+                   f"target forwards {total.target_forwards:.0f} (+{total.target_prefills:.0f} prefill)  "
+                   f"draft forwards {total.draft_forwards:.0f}  verifications {total.verifications}  "
                    f"target busy {total.target_busy_fraction:.0%}")
 
 

@@ -45,9 +45,9 @@ class ScriptedEngine:
             text = self.respond(self.user_of(prompt), copies[prompt])
             copies[prompt] += 1
             n = max(1, len(text.split()))
-            # fixed rates so summaries are checkable: acceptance 0.5, 2 tokens per target call
+            # fixed rates so summaries are checkable: acceptance 0.5, 2 tokens per target forward
             stats = GenerationStats(new_tokens=2 * n, drafted=2 * n, draft_depth=2 * n, accepted=n,
-                                    target_calls=n, draft_calls=2 * n, wall_s=0.01)
+                                    verifications=n, target_forwards=n, draft_forwards=2 * n, wall_s=0.01)
             results.append(GenerationResult(token_ids=list(range(2 * n)), text=text, stats=stats,
                                             finish_reason="stop"))
         return results

@@ -91,7 +91,7 @@ def test_tot_workload_compares_predictions_with_ar(tmp_path):
     assert summaries == ["ar-0", "ar-1", "seed-0", "seed-1"]  # --output keeps warm-up and timed runs
     data = json.loads(out.read_text())
     assert [m["matches_ar"] for m in data["modes"]] == [True, True]
-    assert data["modes"][1]["target_calls"] > 0
+    assert data["modes"][1]["target_forwards"] > 0
 
 
 def test_tot_workload_without_data_names_the_flag():
@@ -188,7 +188,7 @@ def test_a_mode_with_different_tokens_is_reported_as_not_matching():
     from seed_tot.engine.params import GenerationStats
 
     def report(mode: str, tokens: list[list[int]]) -> ModeReport:
-        stats = GenerationStats(new_tokens=2, target_calls=2, target_busy_s=0.5, wall_s=1.0)
+        stats = GenerationStats(new_tokens=2, verifications=2, target_forwards=2, target_busy_s=0.5, wall_s=1.0)
         return ModeReport(ModeSpec(mode, mode, (1,), None, 1), [RunOutput(1.0, stats, tokens, None)])
 
     reports = [report("ar", [[1, 2]]), report("sd", [[1, 2]]), report("seed", [[1, 3]])]

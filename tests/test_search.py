@@ -273,7 +273,7 @@ def test_solve_dataset_writes_results_and_summary(tmp_path: Path):
     assert first["stats"]["thought"]["acceptance_rate"] == 0.5 and first["wall_s"] >= 0
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     assert summary["n"] == 3 and summary["accuracy"] == pytest.approx(2 / 3)
-    assert summary["acceptance_rate"] == 0.5 and summary["tokens_per_target_call"] == 2.0
+    assert summary["acceptance_rate"] == 0.5 and summary["tokens_per_target_forward"] == 2.0
     assert set(summary["phases"]) == {"thought", "value", "answer"}
     assert summary["mode"] == "seed" and summary["k_config"] == [1, 1, 1] and summary["algorithm"] == "bfs"
 

@@ -71,7 +71,7 @@ def test_verification_is_first_come_first_served(setup):
     events = results[0].stats.events
     enqueues = [e for e in events if e["type"] == "draft"]
     verifies = _verify_events(results)
-    assert len(enqueues) == len(verifies) == sum(r.stats.target_calls for r in results)
+    assert len(enqueues) == len(verifies) == sum(r.stats.verifications for r in results)
     assert [v["enqueued"] for v in verifies] == sorted(v["enqueued"] for v in verifies)
     for v in verifies:  # no worker waits behind more than n other verifications
         ahead = [w for w in verifies if v["enqueued"] <= w["start"] < v["start"]]
@@ -141,7 +141,7 @@ def test_seed_events_count_every_round(setup):
     target, draft = setup
     results = Engine(target, draft).generate([[1, 2, 3], [4]], SamplingParams(max_new_tokens=10), mode="seed")
     kinds = Counter(e["type"] for e in results[0].stats.events)
-    assert kinds["draft"] == kinds["enqueue"] == kinds["verify"] == sum(r.stats.target_calls for r in results)
+    assert kinds["draft"] == kinds["enqueue"] == kinds["verify"] == sum(r.stats.verifications for r in results)
     assert kinds["queue"] >= 1
 
 

@@ -157,9 +157,11 @@ class Engine:
                 seq.target = KVCache()
                 prefill(self.target, seq.target, seq.prompt)
                 seq.stats.target_busy_s += time.perf_counter() - start
+                seq.stats.target_prefills += len(seq.prompt) > 1  # a one-token prompt needs no prefill
                 if with_draft:
                     seq.draft = KVCache()
                     prefill(self.draft, seq.draft, seq.prompt)
+                    seq.stats.draft_prefills += len(seq.prompt) > 1
             else:
                 seq.target = first.target.fork()
                 seq.draft = first.draft.fork() if with_draft else None

@@ -1,7 +1,8 @@
 """The Parallel baseline (the SEED paper's Fig. 1(d)): batched AR over all prompts.
 
 Prompts are left-padded to one length; position ids come from the attention mask so that each
-row sees exactly the positions it would see alone. Rows that have stopped keep riding along
+row sees exactly the positions it would see alone. The prompt is scored inside the first decode forward (no separate prefill is
+counted). Rows that have stopped keep riding along
 (their tokens are ignored) until every row is done, as a static batch does.
 """
 from __future__ import annotations
@@ -35,8 +36,10 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
         active = sum(not s.done for s in seqs)
         for row, seq in enumerate(seqs):
             if not seq.done:
-                seq.stats.target_calls += 1
-                seq.stats.target_busy_s += busy / active  # shared forward: summing rows gives its time once
+                # one forward shared by the active rows: summing rows gives one forward and its time once
+                seq.stats.verifications += 1
+                seq.stats.target_forwards += 1 / active
+                seq.stats.target_busy_s += busy / active
                 seq.append([sample(probs[row], seq.generator)])
             next_ids.append(seq.generated[-1] if seq.generated else pad)
         if all(s.done for s in seqs):

@@ -52,44 +52,70 @@ def check_k_config(k_config) -> tuple[int, ...]:
 
 @dataclass
 class GenerationStats:
-    """Counters of one sequence (or, summed, of one call). Acceptance rate is accepted draft tokens
-    over draft *depth* offered per round (for a chain: accepted / drafted)."""
+    """Counters of one sequence (or, summed, of one call or one ToT problem).
+
+    Two kinds of counters, kept apart because batching makes them differ:
+    - per-sequence work: `verifications` (rounds in which the target checked this sequence's draft,
+      or, in ar/parallel, decode steps), drafted / accepted tokens;
+    - what the hardware did: `target_forwards` / `draft_forwards` (decode forwards) and
+      `target_prefills` / `draft_prefills` (prompt forwards). A forward shared by m rows adds 1/m to
+      each row, so the sum over the sequences of a call is exactly the number of forwards the model
+      ran, and so is the sum over any set of calls. Busy seconds are shared the same way.
+    Acceptance rate is accepted draft tokens over draft *depth* offered per round (a chain: accepted / drafted).
+    """
 
     new_tokens: int = 0
     drafted: int = 0  # draft tree nodes proposed
     draft_depth: int = 0  # sum over rounds of the tree depth (tokens a round could accept)
     accepted: int = 0
-    target_calls: int = 0
-    draft_calls: int = 0
+    verifications: int = 0
+    target_forwards: float = 0.0
+    target_prefills: float = 0.0
+    draft_forwards: float = 0.0
+    draft_prefills: float = 0.0
     target_busy_s: float = 0.0
     draft_busy_s: float = 0.0
     wall_s: float = 0.0
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
+
+    COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
+                "target_prefills", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s")
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.draft_depth if self.draft_depth else 0.0
 
     @property
-    def tokens_per_target_call(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+    def tokens_per_target_forward(self) -> float:
+        """New tokens per decode forward of the target (prefill forwards excluded)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def rows_per_target_forward(self) -> float:
+        """Sequences verified per decode forward of the target (1 without batching)."""
+        return self.verifications / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def target_busy_fraction(self) -> float:
         return min(1.0, self.target_busy_s / self.wall_s) if self.wall_s else 0.0
 
     def add(self, other: "GenerationStats") -> None:
-        for name in ("new_tokens", "drafted", "draft_depth", "accepted", "target_calls", "draft_calls",
-                     "target_busy_s", "draft_busy_s"):
+        for name in self.COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self, with_events: bool = False) -> dict:
         d = asdict(self)
         if not with_events:
             d.pop("events")
-        d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_call=self.tokens_per_target_call,
+        d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_forward=self.tokens_per_target_forward,
+                 rows_per_target_forward=self.rows_per_target_forward,
                  target_busy_fraction=self.target_busy_fraction)
         return d
+
+    def __repr__(self) -> str:  # compact: the event timeline can hold hundreds of dicts
+        return (f"GenerationStats(new_tokens={self.new_tokens}, accepted={self.accepted}/{self.draft_depth}, "
+                f"verifications={self.verifications}, target_forwards={self.target_forwards:g}, "
+                f"draft_forwards={self.draft_forwards:g}, wall_s={self.wall_s:.3f}, events=<{len(self.events)}>)")
 
 
 @dataclass

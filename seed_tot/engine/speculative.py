@@ -43,7 +43,7 @@ def draft_round(model, seq: Sequence, k_config: tuple[int, ...], params: Samplin
     k_config = k_config[: max(1, remaining)]  # no point drafting past the budget
     pending = seq.pending(kv)
     logits = kv.forward(model, pending, _chain_parents(len(pending)))
-    seq.stats.draft_calls += 1
+    seq.stats.draft_forwards += 1
     frontier = [(-1, logits[-1])]  # (node, draft logits for its children)
     parents, tokens, probs = [], [], []
     node_entry: dict[int, int] = {}
@@ -66,7 +66,7 @@ def draft_round(model, seq: Sequence, k_config: tuple[int, ...], params: Samplin
         entry_of_parent = [node_entry.get(parents[n], len(pending) - 1) for n in level]
         first = len(kv.parents)
         logits = kv.forward(model, [tokens[n] for n in level], entry_of_parent)
-        seq.stats.draft_calls += 1
+        seq.stats.draft_forwards += 1
         for j, n in enumerate(level):
             node_entry[n] = first + j
         frontier = [(n, logits[j]) for j, n in enumerate(level)]
@@ -84,7 +84,7 @@ def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, 
     start = time.perf_counter()
     tokens, parents, n_p = _target_inputs(seq, tree)
     logits = seq.target.forward(model, tokens, parents)
-    return _accept_and_commit(seq, tree, node_entry, logits, n_p, time.perf_counter() - start, params, vocab_size)
+    return _accept_and_commit(seq, tree, node_entry, logits, n_p, time.perf_counter() - start, 1, params, vocab_size)
 
 
 @torch.inference_mode()
@@ -97,8 +97,8 @@ def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, in
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
     all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
                                [p for _, p, _ in inputs])
-    busy = (time.perf_counter() - start) / len(jobs)  # one shared forward, split evenly
-    return [_accept_and_commit(seq, tree, node_entry, logits, n_p, busy, params, vocab_size)
+    busy = time.perf_counter() - start
+    return [_accept_and_commit(seq, tree, node_entry, logits, n_p, busy, len(jobs), params, vocab_size)
             for (seq, tree, node_entry), logits, (_, _, n_p) in zip(jobs, all_logits, inputs)]
 
 
@@ -111,12 +111,14 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int]
 
 
 def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
-                       n_p: int, busy: float, params: SamplingParams, vocab_size: int) -> Acceptance:
+                       n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int) -> Acceptance:
+    """`busy` seconds of one target forward that verified `rows` sequences: this row's share is 1/rows."""
     target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
     acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
     seq.target.commit(list(range(n_p)) + [n_p + i for i in acc.path])
-    seq.stats.target_calls += 1
-    seq.stats.target_busy_s += busy
+    seq.stats.verifications += 1
+    seq.stats.target_forwards += 1 / rows
+    seq.stats.target_busy_s += busy / rows
     seq.stats.accepted += len(acc.path)
     _commit_draft(seq, acc, node_entry)
     seq.append(acc.tokens)

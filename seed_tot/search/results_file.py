@@ -77,8 +77,9 @@ def _stats_from_dict(d: dict[str, Any] | None) -> GenerationStats:
 
 
 def _rates(stats: GenerationStats) -> dict[str, Any]:
-    return {"acceptance_rate": stats.acceptance_rate, "tokens_per_target_call": stats.tokens_per_target_call,
-            "new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "accepted": stats.accepted,
+    return {"acceptance_rate": stats.acceptance_rate, "tokens_per_target_forward": stats.tokens_per_target_forward,
+            "new_tokens": stats.new_tokens, "verifications": stats.verifications,
+            "target_forwards": stats.target_forwards, "accepted": stats.accepted,
             "draft_depth": stats.draft_depth, "wall_s": stats.wall_s}
 
 
@@ -113,4 +114,9 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary.update(_rates(overall))
     summary["tokens_per_s"] = overall.new_tokens / overall.wall_s if overall.wall_s else 0.0
     summary["phases"] = {phase: _rates(phases[phase]) for phase in SUMMARY_PHASES if phase in phases}
+    applied: dict[str, int] = {}  # the token budgets the calls really got, beside the settings asked for
+    for record in records:
+        for phase, budget in (record.get("max_new_tokens") or {}).items():
+            applied[phase] = max(int(budget), applied.get(phase, 0))
+    summary["max_new_tokens_applied"] = applied
     return summary
