@@ -140,9 +140,11 @@ class Game24:
 
     def __init__(self, config: SearchConfig | None = None):
         # 3 steps take 4 numbers to 1; ToT samples several steps per state and keeps 5.
+        # max_new_tokens caps every call; extra gives each kind of call its own smaller budget.
         self.config = config or SearchConfig(depth=3, n_generate=3, breadth=2, temperature=0.7,
-                                             max_new_tokens=32, value_threshold=1.0,
-                                             extra={"value_max_new_tokens": 96})
+                                             max_new_tokens=96, value_threshold=1.0,
+                                             extra={"thought_max_new_tokens": 32, "value_max_new_tokens": 96,
+                                                    "answer_max_new_tokens": 48})
 
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
         """The built-in puzzles, or a text file with one puzzle ("4 4 6 8") per line."""
@@ -175,7 +177,8 @@ class Game24:
     # --- the protocol ------------------------------------------------------------------------
     def thought_prompt(self, example: Example, state: State) -> Prompt:
         numbers = self.numbers_left(example, state) or self.start(example)
-        return Prompt(user=THOUGHT_PROMPT.format(numbers=self.show(numbers)), stop=("\n",))
+        return Prompt(user=THOUGHT_PROMPT.format(numbers=self.show(numbers)), stop=("\n",),
+                      max_new_tokens=self.config.extra.get("thought_max_new_tokens"))
 
     def extend(self, state: State, thought: str) -> State:
         """Keep the step itself: the first line shaped like one, else the first line."""
@@ -207,7 +210,8 @@ class Game24:
 
     def answer_prompt(self, example: Example, state: State) -> Prompt:
         user = ANSWER_PROMPT.format(numbers=example.data["puzzle"], steps="\n".join(state.thoughts))
-        return Prompt(user=user, assistant_prefix="Answer:", stop=("\n",), max_new_tokens=48)
+        return Prompt(user=user, assistant_prefix="Answer:", stop=("\n",),
+                      max_new_tokens=self.config.extra.get("answer_max_new_tokens"))
 
     def prediction(self, example: Example, state: State, answer: str) -> str:
         """The expression: the answer's first line without "Answer:" and without "= 24"."""

@@ -38,6 +38,15 @@ _PLAN_END = re.compile(r"\[\s*plan\s+end\s*\]", re.IGNORECASE)
 _MARKERS = {"[plan]", "[plan end]"}
 
 
+# Per-call token budgets (config.extra); an action or a verdict is one short line.
+DEFAULT_BUDGETS = {"action_max_new_tokens": 32, "value_max_new_tokens": 8}
+
+
+def default_config() -> SearchConfig:
+    return SearchConfig(depth=6, n_generate=3, breadth=1, temperature=1.0,
+                        max_new_tokens=6 * DEFAULT_BUDGETS["action_max_new_tokens"], extra=dict(DEFAULT_BUDGETS))
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(problem_pddl: str) -> BlocksProblem:
     return parse_problem(problem_pddl)
@@ -49,14 +58,17 @@ class Blocksworld:
     depth 6: the SEED paper's tree for 6-step Blocksworld has 7 levels, 6 actions and then the
     answer; `SearchConfig.depth` counts only the thought steps before the answer, so a plan has
     at most 6 actions. n_generate 3 candidate actions per kept state; breadth 1 unless a config
-    in configs/ overrides it. Thoughts and verdicts are a line each, so 32 new tokens suffice.
+    in configs/ overrides it. Token budgets come from the run's config: an action (thought) takes
+    `extra.action_max_new_tokens` (32: one line), a verdict `extra.value_max_new_tokens` (8), the
+    answer one action budget per missing action; `max_new_tokens` caps them all (the search
+    caps every call at it), so its default is the whole plan's budget, 6 x 32.
     """
 
     name = "blocksworld"
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None, *,
                  n_random: int = 10, n_blocks: int = 4, plan_length: int = 6, seed: int = 0):
-        self.config = config or SearchConfig(depth=6, n_generate=3, breadth=1, max_new_tokens=32)
+        self.config = config or default_config()
         self.prompts = task_prompts("blocksworld", prompts, REQUIRED_PROMPTS)
         # What `load(None)` generates: fixed so that a run without data is reproducible.
         self.n_random, self.n_blocks, self.plan_length, self.seed = n_random, n_blocks, plan_length, seed
@@ -115,7 +127,7 @@ class Blocksworld:
         user = p["thought_user"].format(domain=p["domain"], demonstration=self._demonstration(),
                                         statement=self._statement(_problem(example)))
         return Prompt(user, f"{p['plan_header']}\n{self._plan_so_far(state)}",
-                      stop=("\n", p["plan_end"]), max_new_tokens=32)
+                      stop=("\n", p["plan_end"]), max_new_tokens=self._tokens("action_max_new_tokens"))
 
     def value_prompt(self, example: Example, state: State) -> Prompt:
         p = self.prompts
@@ -126,7 +138,8 @@ class Blocksworld:
         thoughts = [_shown(t) for t in state.thoughts]
         case = self._case(_problem(example), thoughts[:-1], thoughts[-1] if thoughts else p["no_steps"])
         user = p["value_user"].format(domain=p["domain"], demonstrations="\n\n".join(demos), case=case)
-        return Prompt(user, p["value_prefix"], stop=("\n\n", "[STATEMENT]"), max_new_tokens=8)
+        return Prompt(user, p["value_prefix"], stop=("\n\n", "[STATEMENT]"),
+                      max_new_tokens=self._tokens("value_max_new_tokens"))
 
     def _case(self, problem: BlocksProblem, steps: list[str], last: str) -> str:
         return self.prompts["value_case"].format(
@@ -138,9 +151,13 @@ class Blocksworld:
         user = p["answer_user"].format(domain=p["domain"], demonstration=self._demonstration(),
                                        statement=self._statement(_problem(example)), plan_end=p["plan_end"])
         # A finished plan needs nothing more from the model: one token keeps that call cheap.
-        budget = 1 if self.is_final(example, state) else 32 * (self.config.depth - state.depth)
+        missing = self.config.depth - state.depth
+        budget = 1 if self.is_final(example, state) else self._tokens("action_max_new_tokens") * missing
         return Prompt(user, f"{p['plan_header']}\n{self._plan_so_far(state)}", stop=(p["plan_end"],),
                       max_new_tokens=budget)
+
+    def _tokens(self, key: str) -> int:
+        return int(self.config.extra.get(key, DEFAULT_BUDGETS[key]))
 
     # --- the tree -------------------------------------------------------------------------
 

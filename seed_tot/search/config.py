@@ -7,6 +7,7 @@ silently ignored, because a typo such as `bredth: 5` would otherwise run the def
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from importlib import resources
 from dataclasses import dataclass, field
@@ -135,7 +136,8 @@ def _copy(settings: RunSettings) -> RunSettings:
     return dataclasses.replace(settings, search=search)
 
 
-def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_none: bool) -> RunSettings:
+def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_none: bool,
+           known_extra: frozenset[str] | None = None) -> RunSettings:
     updated = _copy(settings)
     for key, raw in values.items():
         if key not in _KEYS:
@@ -148,6 +150,10 @@ def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_no
         except ValueError as err:
             raise ConfigError(f"{where}: key {key!r}: {err}") from None
         if key == "extra":  # merged, so a file can set one task option and keep the others
+            unknown = sorted(set(value) - known_extra) if known_extra is not None else []
+            if unknown:  # a task option the task never reads would be recorded but do nothing
+                raise ConfigError(f"{where}: extra key(s) {', '.join(map(repr, unknown))} are not options of "
+                                  f"this task; its options: {', '.join(sorted(known_extra)) or 'none'}")
             updated.search.extra.update(value)
         else:
             setattr(updated.search if on_search else updated, key, value)
@@ -165,9 +171,11 @@ def shipped_config(task_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_settings(path: str | Path | None, base: SearchConfig | None = None) -> RunSettings:
+def load_settings(path: str | Path | None, base: SearchConfig | None = None, task_name: str | None = None) -> RunSettings:
     """Settings from `base` (the task's own config; SearchConfig() when None) and the YAML file at
-    `path` (None: no file). Raises ConfigError naming the file and key for any bad value."""
+    `path` (None: no file). Raises ConfigError naming the file and key for any bad value, for an
+    `extra` key that `base.extra` does not define (the task would never read it), and for a
+    `task:` key naming another task than `task_name`."""
     settings = RunSettings(search=dataclasses.replace(base, extra=dict(base.extra)) if base else SearchConfig())
     if path is None:
         return settings
@@ -184,9 +192,24 @@ def load_settings(path: str | Path | None, base: SearchConfig | None = None) -> 
         values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"{file}: expected a mapping of settings (key: value), got {type(values).__name__}")
-    settings = _apply(settings, values, str(file), skip_none=False)
+    settings = _apply(settings, values, str(file), skip_none=False,
+                      known_extra=frozenset(base.extra) if base is not None else None)
+    if task_name is not None and settings.task is not None and settings.task != task_name:
+        raise ConfigError(f"{file}: written for task {settings.task!r}, not {task_name!r}; "
+                          f"pass a config for {task_name} (or drop its 'task' key)")
     settings.source = str(file)
     return settings
+
+
+def with_search_config(task: Any, search: SearchConfig) -> Any:
+    """The task reading the run's `search` config: every prompt budget, depth check and task
+    option then comes from the settings being run, not from the task's built-in defaults. The
+    caller's task object is left alone (a shallow copy gets the config)."""
+    if task.config is search:
+        return task
+    configured = copy.copy(task)
+    configured.config = search
+    return configured
 
 
 def apply_overrides(settings: RunSettings, overrides: Mapping[str, Any] | None = None, **more: Any) -> RunSettings:

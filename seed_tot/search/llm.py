@@ -44,7 +44,9 @@ class DecodingSettings:
     n_workers: int | None = None
     verify_batch: int = 1
     temperature: float = 1.0
-    max_new_tokens: int = 128  # used when a Prompt leaves max_new_tokens as None
+    # The most new tokens any one call may generate: a Prompt's own max_new_tokens (a task's
+    # per-kind budget, e.g. a short value call) is capped by it, and None means exactly this.
+    max_new_tokens: int = 128
     seed: int = 0
 
 
@@ -59,6 +61,7 @@ class LLMCaller:
         self.engine = engine
         self.settings = settings
         self.stats: dict[str, GenerationStats] = {}
+        self.budgets: dict[str, int] = {}  # phase -> the largest max_new_tokens a call was given
         self._base_seed = settings.seed
         self._calls = 0
 
@@ -73,6 +76,16 @@ class LLMCaller:
         stats, self.stats = self.stats, {}
         return stats
 
+    def take_budgets(self) -> dict[str, int]:
+        """The largest max_new_tokens applied per phase since the last take (what a run reports)."""
+        budgets, self.budgets = self.budgets, {}
+        return budgets
+
+    def budget(self, prompt: Prompt) -> int:
+        """The prompt's own budget, never above the run's max_new_tokens (which caps every call)."""
+        cap = self.settings.max_new_tokens
+        return cap if prompt.max_new_tokens is None else min(prompt.max_new_tokens, cap)
+
     def complete(self, prompts: Sequence[Prompt], phase: str) -> list[str]:
         """The completion text of every prompt, in order.
 
@@ -85,7 +98,8 @@ class LLMCaller:
             return []
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
         for i, prompt in enumerate(prompts):
-            max_tokens = prompt.max_new_tokens or self.settings.max_new_tokens
+            max_tokens = self.budget(prompt)
+            self.budgets[phase] = max(max_tokens, self.budgets.get(phase, 0))
             groups.setdefault((tuple(prompt.stop), max_tokens), []).append(i)
         texts: list[str] = [""] * len(prompts)
         for (stop, max_tokens), indices in groups.items():

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from seed_tot.engine.params import GenerationStats
 
 from .bfs import bfs
-from .config import RunSettings
+from .config import RunSettings, with_search_config
 from .dfs import dfs
 from .expansion import SearchResult, state_to_json
 from .llm import GenerationEngine, LLMCaller
@@ -34,7 +34,8 @@ REPORTED_PHASES = ("thought", "value", "answer")  # always in a record (zeros wh
 
 # The keys solve_example writes itself; task.score's keys sit beside them.
 RECORD_FIELDS = frozenset({"id", "input", "prediction", "judge_score", "judge_reply", "answer_completion",
-                           "best_state", "best_value", "expanded", "steps", "stats", "wall_s"})
+                           "best_state", "best_value", "expanded", "steps", "stats", "max_new_tokens",
+                           "wall_s"})
 
 __all__ = ["RESULTS_FILE", "SUMMARY_FILE", "ResultsFileError", "ResultsRecorder", "resolve_algorithm", "run_search",
            "solve_dataset", "solve_example"]
@@ -53,8 +54,10 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
                   algorithm: str) -> dict[str, Any]:
     """One results.jsonl record: the search, its score, the optional judge and the engine counters."""
     start = time.perf_counter()
+    task = with_search_config(task, settings.search)  # the run's settings, not the task's defaults
     caller.reseed(example.id)
     caller.take_stats()  # drop anything a previous, interrupted problem left behind
+    caller.take_budgets()
     result = run_search(caller, task, example, settings, algorithm)
     record: dict[str, Any] = {"id": example.id, "input": example.data, "prediction": result.prediction}
     for key, value in task.score(example, result.prediction).items():
@@ -75,6 +78,7 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
         "expanded": result.expanded,
         "steps": result.steps,
         "stats": phase_stats,
+        "max_new_tokens": caller.take_budgets(),  # per phase: the largest budget a call was given
         "wall_s": time.perf_counter() - start,
     })
     return record
