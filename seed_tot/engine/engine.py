@@ -8,7 +8,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, layout_of
 from .models import (DEFAULT_DRAFT_LAYERS, default_target, load_model_and_tokenizer, resolve_device,
                      truncated_draft)
 from .params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
@@ -96,8 +96,11 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
-                 k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1) -> list[GenerationResult]:
-        """Generate for every prompt; results come back in prompt order."""
+                 k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1,
+                 draft_policy=None, policy_options: dict | None = None) -> list[GenerationResult]:
+        """Generate for every prompt; results come back in prompt order.
+        draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto" or a
+        DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings."""
         params = params or SamplingParams()
         if mode == "seed":
             try:
@@ -106,32 +109,36 @@ class Engine:
                 pass
             else:
                 raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
-            return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch))
+            return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
+                                              draft_policy, policy_options))
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        seqs, k_config = self._start(prompts, params, mode, k_config)
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch)
         if mode == "parallel":
             from .parallel import generate_parallel
             generate_parallel(self.target, seqs, params, self.vocab_size)
         else:
-            tree_shape = (1,) * len(k_config) if mode == "sd" else k_config
+            policy = self.policy(mode, k_config, params, draft_policy, policy_options)
             for seq in seqs:
-                self._run_serial(seq, mode, tree_shape, params)
+                self._run_serial(seq, mode, policy, params)
         return self._finish(seqs, start)
 
     async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str = "seed",
-                        k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1) -> list[GenerationResult]:
+                        k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1,
+                        draft_policy=None, policy_options: dict | None = None) -> list[GenerationResult]:
         """The coroutine form, for callers that already run an event loop. Non-seed modes run in a thread."""
         params = params or SamplingParams()
         if mode != "seed":
-            return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch)
+            return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch,
+                                           draft_policy, policy_options)
         from .seed import SeedScheduler
         start = time.perf_counter()
-        seqs, k_config = self._start(prompts, params, mode, k_config)
-        scheduler = SeedScheduler(self, params, k_config, n_workers=n_workers, verify_batch=verify_batch)
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch)
+        policy = self.policy(mode, k_config, params, draft_policy, policy_options)
+        scheduler = SeedScheduler(self, params, policy, n_workers=n_workers, verify_batch=verify_batch)
         await scheduler.run(seqs)
         return self._finish(seqs, start)
 
-    def _start(self, prompts, params: SamplingParams, mode: str, k_config):
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int = 1):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         k_config = check_k_config(k_config)
@@ -140,11 +147,37 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         encoded = self.encode(prompts)
+        self._check_attention(mode, k_config, verify_batch if len(encoded) > 1 else 1)
+        self._check_context(encoded, params, mode)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
         seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
         if mode != "parallel":
             self._prefill_shared(seqs, with_draft=mode != "ar")
         return seqs, k_config
+
+    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int) -> None:
+        """Refuse, before any forward, a setting whose 4D masks a model cannot take exactly."""
+        tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
+        if tree:
+            what = f"mode {mode} with the tree k_config {','.join(map(str, k_config))}"
+            layout_of(self.target).check_tree_masks(what)
+            layout_of(self.draft).check_tree_masks(what)
+        if mode == "seed" and verify_batch > 1:
+            layout_of(self.target).check_tree_masks(f"seed with verify_batch={verify_batch}")
+
+    def _check_context(self, encoded: list[list[int]], params: SamplingParams, mode: str) -> None:
+        """Models with learned absolute positions (GPT-2, OPT) cannot go past their table: say so up front.
+        Rotary models keep going past max_position_embeddings, as they do in transformers' generate."""
+        longest = max(len(ids) for ids in encoded) + params.max_new_tokens
+        models = [(self.target, self.target_name)]
+        if mode in DRAFTING_MODES:
+            models.append((self.draft, self.draft_name))
+        for model, name in models:
+            limit = layout_of(model).max_positions
+            if limit is not None and longest > limit:
+                raise ValueError(f"{name} has learned position embeddings for {limit} positions, but the longest "
+                                 f"prompt ({longest - params.max_new_tokens} tokens) + max_new_tokens "
+                                 f"({params.max_new_tokens}) needs {longest}: shorten the prompt or lower max_new_tokens")
 
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
         """Prefill each model once per distinct prompt; copies of a prompt share that prefix KV."""
@@ -166,14 +199,36 @@ class Engine:
                 seq.target = first.target.fork()
                 seq.draft = first.draft.fork() if with_draft else None
 
-    def _run_serial(self, seq: Sequence, mode: str, k_config: tuple[int, ...], params: SamplingParams) -> None:
+    def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
+               policy_options: dict | None = None):
+        """The DraftPolicy of a call: an object as given, a name built once per engine and options
+        (it keeps its calibration, head and records across calls), None for ar and parallel."""
+        from .policies import DraftPolicy, make_policy
+        if isinstance(draft_policy, DraftPolicy):
+            if policy_options:
+                raise ValueError("policy_options go with a policy name, not with a DraftPolicy object")
+            return draft_policy
+        if mode not in DRAFTING_MODES:
+            if draft_policy not in (None, "fixed") or policy_options:
+                raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
+            return None
+        shape = (1,) * len(k_config) if mode == "sd" else k_config
+        name = draft_policy or "fixed"
+        key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
+        cache = self.__dict__.setdefault("_policies", {})
+        if key not in cache:
+            cache[key] = make_policy(name, policy_options, self, shape, params)
+        return cache[key]
+
+    def _run_serial(self, seq: Sequence, mode: str, policy, params: SamplingParams) -> None:
         from .draft_tree import DraftTree
         while not seq.done:
             if mode == "ar":
                 verify_round(self.target, seq, DraftTree.empty(self.vocab_size), params, self.vocab_size)
             else:
-                tree, node_entry = draft_round(self.draft, seq, k_config, params, self.vocab_size)
-                verify_round(self.target, seq, tree, params, self.vocab_size, node_entry)
+                tree, node_entry = draft_round(self.draft, seq, policy, params, self.vocab_size)
+                acc = verify_round(self.target, seq, tree, params, self.vocab_size, node_entry)
+                policy.observe(seq, tree, acc)
 
     @staticmethod
     def _finish(seqs: list[Sequence], start: float) -> list[GenerationResult]:

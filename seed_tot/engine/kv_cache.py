@@ -14,6 +14,17 @@ import copy
 import torch
 from transformers import DynamicCache
 
+from .masks import AttentionLayout, build_attention_mask, tree_visibility
+
+
+def layout_of(model) -> AttentionLayout:
+    """The model's attention layout, worked out once per model object (it reads the model's source)."""
+    layout = getattr(model, "_seed_tot_attention_layout", None)
+    if layout is None:
+        layout = AttentionLayout.of(model)
+        object.__setattr__(model, "_seed_tot_attention_layout", layout)  # plain attribute, not a submodule
+    return layout
+
 
 class KVCache:
     def __init__(self, cache: DynamicCache | None = None, committed: int = 0):
@@ -39,30 +50,18 @@ class KVCache:
         Returns the logits [len(tokens), V] of the new entries."""
         n_old = len(self.parents)
         all_parents = self.parents + list(parents)
-        depth: list[int] = []
-        for p in all_parents:
-            depth.append(1 + (depth[p] if p >= 0 else 0))
+        allowed, query_pos, key_pos = tree_visibility(self.committed, all_parents, n_old)
         device = model.device
-        positions = torch.tensor([self.committed + d - 1 for d in depth[n_old:]], device=device)[None]
         mask = None
         if any(p != i - 1 for i, p in enumerate(all_parents)):  # a real tree: spell out who sees whom
-            mask = self._tree_mask(all_parents, n_old, model.dtype, device)
-        out = model(input_ids=torch.tensor([tokens], device=device), position_ids=positions,
+            # (a chain needs no mask: the model's own causal and sliding-window masks are exact for it)
+            layout = layout_of(model)
+            layout.check_tree_masks("a draft tree")
+            mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], model.dtype, device)
+        out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, past_key_values=self.cache, use_cache=True)
         self.parents = all_parents
         return out.logits[0]
-
-    def _tree_mask(self, all_parents: list[int], n_old: int, dtype, device) -> torch.Tensor:
-        n_new = len(all_parents) - n_old
-        allowed = torch.zeros(n_new, self.committed + len(all_parents), dtype=torch.bool)
-        allowed[:, : self.committed] = True
-        for row, entry in enumerate(range(n_old, len(all_parents))):
-            while entry >= 0:  # the entry itself and each ancestor
-                allowed[row, self.committed + entry] = True
-                entry = all_parents[entry]
-        mask = torch.zeros(allowed.shape, dtype=dtype)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(device)  # [batch, head, query, key], additive (eager and sdpa)
 
     def commit(self, keep: list[int]) -> None:
         """Keep the uncommitted entries `keep` (a root-to-leaf chain, in order), drop the rest."""
@@ -103,6 +102,8 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     `KVCache.forward` would. Afterwards each cache takes back its own slice (and stays unpadded).
     """
     device, dtype = model.device, model.dtype
+    layout = layout_of(model)
+    layout.check_tree_masks("batched verification (verify_batch > 1)")
     for kv in caches:
         if kv.parents:
             raise RuntimeError("forward_batch needs caches without uncommitted entries")
@@ -110,33 +111,34 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     n_query = max(len(t) for t in tokens)
     batch = len(caches)
     allowed = torch.zeros(batch, n_query, n_prefix + n_query, dtype=torch.bool)
-    positions = torch.zeros(batch, n_query, dtype=torch.long)
+    query_pos = torch.zeros(batch, n_query, dtype=torch.long)
+    key_pos = torch.zeros(batch, n_prefix + n_query, dtype=torch.long)  # padding keys: hidden anyway
     input_ids = torch.zeros(batch, n_query, dtype=torch.long)
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
-        depth: list[int] = []
-        for row, p in enumerate(pars):
-            depth.append(1 + (depth[p] if p >= 0 else 0))
-            positions[b, row] = kv.committed + depth[row] - 1
-            allowed[b, row, n_prefix - kv.committed: n_prefix] = True
-            entry = row
-            while entry >= 0:
-                allowed[b, row, n_prefix + entry] = True
-                entry = pars[entry]
+        row_allowed, row_qpos, row_kpos = tree_visibility(kv.committed, list(pars), 0)
+        pad = n_prefix - kv.committed
+        allowed[b, : len(toks), pad: n_prefix] = row_allowed[:, : kv.committed]
+        allowed[b, : len(toks), n_prefix: n_prefix + len(toks)] = row_allowed[:, kv.committed:]
+        query_pos[b, : len(toks)] = row_qpos
+        key_pos[b, pad: n_prefix + len(toks)] = row_kpos
         input_ids[b, : len(toks)] = torch.tensor(toks)
         for row in range(len(toks), n_query):  # padding queries see only themselves (no NaN rows)
             allowed[b, row, n_prefix + row] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+            query_pos[b, row] = key_pos[b, n_prefix + row] = kv.committed
+    mask = build_attention_mask(layout, allowed, query_pos, key_pos, dtype, device)
     stacked = DynamicCache()
-    for layer_idx, (k_shape, _) in enumerate(_layer_shapes(model, caches)):
-        keys, values = [], []
-        for kv in caches:
-            k, v = _layer_kv(kv, layer_idx, k_shape, device, dtype)
-            pad = n_prefix - k.shape[-2]
-            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-        stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
-    out = model(input_ids=input_ids.to(device), position_ids=positions.to(device),
-                attention_mask=mask[:, None].to(device), past_key_values=stacked, use_cache=True)
+    if n_prefix:  # a batch of one-token prompts has no history yet: nothing to stack
+        template = next(kv for kv in caches if kv.committed == n_prefix).cache.layers
+        for layer_idx, layer in enumerate(template):
+            keys, values = [], []
+            for kv in caches:
+                k, v = _layer_kv(kv, layer_idx, layer)
+                pad = n_prefix - k.shape[-2]
+                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
+    out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
+                attention_mask=mask, past_key_values=stacked, use_cache=True)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         keep = slice(n_prefix - kv.committed, n_prefix + len(toks))
@@ -149,16 +151,10 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     return logits
 
 
-def _layer_shapes(model, caches: list[KVCache]):
-    config = model.config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return [((1, heads, 0, head_dim), None)] * config.num_hidden_layers
-
-
-def _layer_kv(kv: KVCache, layer_idx: int, empty_shape, device, dtype):
+def _layer_kv(kv: KVCache, layer_idx: int, template):
+    """This row's keys/values of one layer; an empty slice shaped like `template`'s (the model's real
+    cache layout: its KV heads and head size, e.g. one head for multi-query Falcon) when it has none."""
     layers = kv.cache.layers
-    if layer_idx < len(layers) and getattr(layers[layer_idx], "is_initialized", False) and layers[layer_idx].keys is not None:
+    if kv.committed and layer_idx < len(layers):
         return layers[layer_idx].keys, layers[layer_idx].values
-    empty = torch.zeros(empty_shape, device=device, dtype=dtype)  # a one-token prompt has no prefix yet
-    return empty, empty
+    return template.keys[:1, ..., :0, :], template.values[:1, ..., :0, :]

@@ -1,0 +1,149 @@
+"""The one builder of the engine's 4D attention masks (single and batched forwards).
+
+Stock transformers models take a 4D mask as it is: they do not add their sliding window to it. So
+every mask the engine builds must already say everything a layer may see:
+  structure  a query sees the committed prefix and its own ancestors in the tree (the caller's
+             boolean `allowed`, which also hides batch padding)
+  window     a sliding-window layer also hides keys whose position is `window` or more behind
+             the query's position (transformers' rule: key_pos > query_pos - window)
+Windows are measured in *positions*, not cache indices: a tree node at depth d sits at position
+prefix + d - 1 whatever its index in the cache, and its ancestors are exactly the tokens of its
+own sequence. Models that mix sliding and full layers (Gemma-2/3, Qwen2 with max_window_layers)
+take a dict {layer type: mask}; models whose layers all slide (Mistral, Phi-3) take one tensor.
+
+ALiBi models (Bloom, MPT, Falcon with alibi=True) derive their position biases from a 2D padding
+mask inside the model, which a tree cannot express without forking the modeling code: they are
+refused for the paths that need a 4D mask, with the modes that do work named in the error.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+class UnsupportedAttention(ValueError):
+    """The model's attention cannot be expressed exactly by the engine's masks for this setting."""
+
+
+def _takes_mask_dict(model) -> bool:
+    """Whether the model's decoder reads a {layer type: mask} dict (transformers' mixed-layer models)."""
+    inner = getattr(model, "model", None)
+    inner = getattr(inner, "model", inner)  # an engine wrapper (e.g. synthetic OracleLM) holds the HF model
+    for module in (inner, getattr(inner, "language_model", None)):
+        if module is None:
+            continue
+        try:
+            source = inspect.getsource(type(module).forward)
+        except (OSError, TypeError):
+            continue
+        if "causal_mask_mapping := attention_mask, dict" in source:
+            return True
+    return False
+
+
+def _uses_alibi(config) -> bool:
+    return bool(getattr(config, "alibi", False)) or config.model_type in ("bloom", "mpt") \
+        or getattr(config, "position_embedding_type", None) == "alibi"
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What a model's layers need from a 4D mask: the window of each layer type it uses."""
+
+    model_name: str
+    windows: dict[str, int | None]  # layer type -> sliding window in positions (None: full attention)
+    as_dict: bool  # the model takes {layer type: mask}; else one mask for every layer
+    alibi: bool
+    max_positions: int | None  # learned absolute position embeddings: the longest sequence; None: rotary etc.
+
+    @classmethod
+    def of(cls, model) -> "AttentionLayout":
+        config = model.config
+        window = getattr(config, "sliding_window", None)
+        if isinstance(window, bool) or (window is not None and window <= 0):
+            window = None  # some configs store a flag or 0 for "off"
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types and SLIDING in layer_types and window is not None:
+            windows = {t: (window if t == SLIDING else None) for t in set(layer_types)}
+            as_dict = len(windows) > 1 or _takes_mask_dict(model)
+            if as_dict and not _takes_mask_dict(model):
+                raise UnsupportedAttention(
+                    f"{type(model).__name__} mixes sliding-window and full-attention layers but does not "
+                    f"take one mask per layer type; only ar, parallel, sd and seed with a chain k_config "
+                    f"and verify_batch=1 are exact for it")
+        else:
+            # no per-layer types: every layer slides when the config has a window (Mistral, Phi-3)
+            windows = {FULL: window}
+            as_dict = False
+        return cls(type(model).__name__, windows, as_dict, _uses_alibi(config), _absolute_positions(model))
+
+    @property
+    def sliding(self) -> bool:
+        return any(w is not None for w in self.windows.values())
+
+    def check_tree_masks(self, what: str) -> None:
+        """Refuse, before generating, a path that needs 4D masks on a model they cannot serve."""
+        if self.alibi:
+            raise UnsupportedAttention(
+                f"{self.model_name} uses ALiBi position biases, which it computes from a 2D padding mask: "
+                f"{what} needs tree/batched 4D masks that such a model cannot take without forked modeling "
+                f"code. Modes that are exact for it: ar, parallel, sd, and seed with a chain k_config "
+                f"(e.g. 1,1,1) and verify_batch=1")
+
+
+def _absolute_positions(model) -> int | None:
+    """The position limit of a model with learned absolute position embeddings (GPT-2, OPT, GPT-BigCode...)."""
+    config = model.config
+    if getattr(config, "rope_theta", None) is not None or getattr(config, "rope_parameters", None) is not None \
+            or getattr(config, "rotary_pct", None) is not None or getattr(config, "rotary_dim", None) is not None:
+        return None
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("wpe", "embed_positions", "position_embeddings") and isinstance(module, torch.nn.Embedding):
+            limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+            return int(limit) if limit else module.num_embeddings
+    return None
+
+
+def build_attention_mask(layout: AttentionLayout, allowed: torch.Tensor, query_pos: torch.Tensor,
+                         key_pos: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor | dict[str, torch.Tensor]:
+    """allowed [B, Q, K] bool (structure + padding), query_pos [B, Q], key_pos [B, K] -> the additive
+    mask [B, 1, Q, K] (or one per layer type) that every layer of the model must use."""
+    masks: dict[str, torch.Tensor] = {}
+    by_window: dict[int | None, torch.Tensor] = {}
+    for layer_type, window in layout.windows.items():
+        if window not in by_window:
+            visible = allowed
+            if window is not None:
+                distance = query_pos[:, :, None] - key_pos[:, None, :]
+                # a query always keeps itself (distance 0), so no row is ever fully masked
+                visible = allowed & (distance < window)
+            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+            by_window[window] = mask[:, None].to(device)
+        masks[layer_type] = by_window[window]
+    if layout.as_dict:
+        return masks
+    return next(iter(masks.values()))
+
+
+def tree_visibility(committed: int, all_parents: list[int], n_old: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sequence: the new entries (all_parents[n_old:]) see the prefix and their ancestors.
+    Returns allowed [Q, K], query positions [Q] and key positions [K] (K = committed + len(all_parents))."""
+    depth: list[int] = []
+    for p in all_parents:
+        depth.append(1 + (depth[p] if p >= 0 else 0))
+    entry_pos = torch.tensor([committed + d - 1 for d in depth], dtype=torch.long)
+    key_pos = torch.cat([torch.arange(committed), entry_pos])
+    n_new = len(all_parents) - n_old
+    allowed = torch.zeros(n_new, committed + len(all_parents), dtype=torch.bool)
+    allowed[:, :committed] = True
+    for row, entry in enumerate(range(n_old, len(all_parents))):
+        while entry >= 0:  # the entry itself and each ancestor
+            allowed[row, committed + entry] = True
+            entry = all_parents[entry]
+    return allowed, entry_pos[n_old:], key_pos
