@@ -126,17 +126,28 @@ class DistComm:
         return self._bcast_long([token], 1, self.last)[0]
 
     def share_tree(self, roles, tree: DraftTree | None) -> DraftTree:
-        n, vocab = self._bcast_long([len(tree), tree.draft_probs.shape[-1]] if self.rank == 0 else None, 2, 0)
+        """Structure to every rank; the draft distributions q (rows of draft_probs) to the verifier alone."""
+        head = None
+        if self.rank == 0:
+            q_index = getattr(tree, "q_index", None)  # one q row per sibling group, where the tree says so
+            head = [len(tree), tree.draft_probs.shape[0], tree.draft_probs.shape[-1], int(tree.without_replacement),
+                    int(q_index is not None)]
+        n, rows, vocab, without_replacement, has_index = self._bcast_long(head, 5, 0)
         parents = self._bcast_long(tree.parents if self.rank == 0 else None, n, 0)
         tokens = self._bcast_long(tree.tokens if self.rank == 0 else None, n, 0)
-        probs = torch.zeros(n, 0)  # only the verifier (last rank) reads q: send it there alone
+        extra = {}
+        if has_index:
+            extra["q_index"] = self._bcast_long(list(tree.q_index) if self.rank == 0 else None, n, 0)
+        probs = torch.zeros(rows, 0)
         if self.rank == 0:
-            dist.send(tree.draft_probs.float().contiguous(), self.last)
+            if rows:
+                dist.send(tree.draft_probs.float().contiguous(), self.last)
             probs = tree.draft_probs
         elif self.rank == self.last:
-            probs = torch.zeros(n, vocab)
-            dist.recv(probs, 0)
-        return DraftTree(parents, tokens, probs)
+            probs = torch.zeros(rows, vocab)
+            if rows:
+                dist.recv(probs, 0)
+        return DraftTree(parents, tokens, probs, bool(without_replacement), **extra)
 
     def share_acceptance(self, roles, acc: Acceptance | None) -> Acceptance:
         src = self.last

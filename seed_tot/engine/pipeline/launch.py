@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -172,13 +173,14 @@ def check_port(port: int) -> None:
 
 def launch(source: ModelSource, prompts: list[list[int]], params: SamplingParams, cfg: PipelineConfig, vocab_size: int,
            target_layers: int, eos_ids=(), tokenizer=None, port: int | None = None, timeout_s: float = 120.0,
-           start_method: str = "spawn") -> list[PipelineOutput]:
+           start_method: str | None = None) -> list[PipelineOutput]:
     """Spawn N + 1 local processes (rank 0 = draft, ranks 1..N = target stages) and run the pipeline."""
     _check(target_layers, cfg, source.draft is not None)
     if port is None:
         port = free_port()
     else:
         check_port(port)
+    start_method = start_method or default_start_method()
     ctx = mp.get_context(start_method)
     results = ctx.SimpleQueue()
     job = (source, prompts, params, cfg, vocab_size, tuple(eos_ids), tokenizer)
@@ -190,18 +192,41 @@ def launch(source: ModelSource, prompts: list[list[int]], params: SamplingParams
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the {cfg.n_stages}-stage pipeline did not finish within {timeout_s:.0f}s; "
                                    f"all its processes were stopped")
-    except mp.ProcessExitedException as err:
-        raise RuntimeError(f"pipeline {_rank_name(err.error_index, cfg)} died ({err.signal_name or f'exit code {err.exit_code}'}); "
-                           f"the other ranks were stopped") from None
-    except mp.ProcessRaisedException as err:
-        cause = str(err).strip().splitlines()[-1]
-        raise RuntimeError(f"pipeline {_rank_name(err.error_index, cfg)} failed: {cause}; the other ranks were stopped") from None
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as err:
+        _stop(procs)
+        raise RuntimeError(_failure(err, procs, cfg)) from None
     finally:
-        for proc in procs.processes:
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
+        _stop(procs)
     return results.get()
+
+
+def _stop(procs) -> None:
+    for proc in procs.processes:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+
+
+def _failure(err, procs, cfg: PipelineConfig) -> str:
+    """One line naming the rank that went first: a rank killed by a signal (not our own SIGTERM
+    clean-up) explains the connection errors its neighbours raised after it."""
+    for rank, proc in enumerate(procs.processes):
+        code = proc.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            return f"pipeline {_rank_name(rank, cfg)} died ({signal.Signals(-code).name}); the other ranks were stopped"
+    if isinstance(err, mp.ProcessExitedException):
+        return (f"pipeline {_rank_name(err.error_index, cfg)} died ({err.signal_name or f'exit code {err.exit_code}'}); "
+                f"the other ranks were stopped")
+    cause = str(err).strip().splitlines()[-1]
+    return f"pipeline {_rank_name(err.error_index, cfg)} failed: {cause}; the other ranks were stopped"
+
+
+def default_start_method() -> str:
+    """fork where it is safe (Linux, no CUDA context yet: children start in a second instead of
+    re-importing torch and transformers), else spawn."""
+    if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
 
 
 def _rank_name(rank: int, cfg: PipelineConfig) -> str:
