@@ -5,7 +5,7 @@ Both comms offer the same operations, so the tick loops cannot tell them apart:
   pass_on         each target stage's output to the next stage's inbox (one tick's hop)
   share_token     the last stage's sampled token (-1: none this tick) to everyone
   relay           one message through all target stages in order (prefill, STPP verification)
-  share_tree / share_acceptance   STPP's draft tree out of rank 0, the verdict out of rank N
+  share_tree / share_acceptance   STPP's draft tree (+ its forward count) out of rank 0, the verdict out of rank N
   gather_forwards per-rank forward counts
 Over torch.distributed, rank 0 is the draft, ranks 1..N the target stages, point-to-point
 sends carry activations behind a small shape header, broadcasts carry the decisions.
@@ -43,8 +43,8 @@ class LocalComm:
             role.run(msg)
             msg = role.outbox
 
-    def share_tree(self, roles, tree: DraftTree) -> DraftTree:
-        return tree
+    def share_tree(self, roles, tree: DraftTree, levels: int) -> tuple[DraftTree, int]:
+        return tree, levels
 
     def share_acceptance(self, roles, acc: Acceptance) -> Acceptance:
         return acc
@@ -125,14 +125,15 @@ class DistComm:
     def share_token(self, roles, token: int) -> int:
         return self._bcast_long([token], 1, self.last)[0]
 
-    def share_tree(self, roles, tree: DraftTree | None) -> DraftTree:
-        """Structure to every rank; the draft distributions q (rows of draft_probs) to the verifier alone."""
+    def share_tree(self, roles, tree: DraftTree | None, levels: int) -> tuple[DraftTree, int]:
+        """Structure (and the draft's forward count) to every rank; the draft distributions q (rows of
+        draft_probs) to the verifier alone."""
         head = None
         if self.rank == 0:
             q_index = getattr(tree, "q_index", None)  # one q row per sibling group, where the tree says so
             head = [len(tree), tree.draft_probs.shape[0], tree.draft_probs.shape[-1], int(tree.without_replacement),
-                    int(q_index is not None)]
-        n, rows, vocab, without_replacement, has_index = self._bcast_long(head, 5, 0)
+                    int(q_index is not None), levels]
+        n, rows, vocab, without_replacement, has_index, levels = self._bcast_long(head, 6, 0)
         parents = self._bcast_long(tree.parents if self.rank == 0 else None, n, 0)
         tokens = self._bcast_long(tree.tokens if self.rank == 0 else None, n, 0)
         extra = {}
@@ -147,7 +148,7 @@ class DistComm:
             probs = torch.zeros(rows, vocab)
             if rows:
                 dist.recv(probs, 0)
-        return DraftTree(parents, tokens, probs, bool(without_replacement), **extra)
+        return DraftTree(parents, tokens, probs, bool(without_replacement), **extra), levels
 
     def share_acceptance(self, roles, acc: Acceptance | None) -> Acceptance:
         src = self.last

@@ -89,10 +89,12 @@ def _run(roles, comm, cfg: PipelineConfig) -> PipelineOutput:
     else:
         stats = run_pipedec(roles, comm, cfg.n_stages)
     seq = roles[0].seq
+    # PipeDec verifies one root per emitted token (a hit is an accepted draft); STPP one tree per round
     seq.stats.accepted = stats.hits
-    seq.stats.draft_depth = stats.tokens if cfg.mode != "stpp" else stats.rounds * len(cfg.k_config)
-    seq.stats.target_calls = stats.stage_forwards[-1]
-    seq.stats.draft_calls = stats.stage_forwards[0]
+    seq.stats.verifications = stats.tokens if cfg.mode != "stpp" else stats.rounds
+    seq.stats.draft_depth = stats.tokens if cfg.mode != "stpp" else seq.stats.draft_depth
+    seq.stats.target_forwards = stats.stage_forwards[-1]  # the last stage's: each covers one full target pass
+    seq.stats.draft_forwards = stats.stage_forwards[0]
     return PipelineOutput(seq.result(), stats)
 
 

@@ -95,14 +95,19 @@ def run_stpp(roles, comm, n_stages: int, k_config: tuple[int, ...]) -> PipelineS
     draft = next((r for r in roles if r.is_draft), None)
     last = next((r for r in roles if r.is_last), None)
     while not seq.done:
-        remaining = seq.rule.params.max_new_tokens - len(seq.generated)
-        levels = len(k_config[: max(1, remaining)])  # draft_round drafts no deeper than the budget
         tree = node_entry = None
+        levels = 0
         if draft is not None:
             draft.seq.draft = draft.cache.kv
-            tree, node_entry = draft_round(draft.model, draft.seq, k_config, draft.params, draft.vocab_size)
+            calls: list[int] = []  # count the draft's forwards, whatever the drafting code does per level
+            handle = draft.model.register_forward_hook(lambda *_: calls.append(1))
+            try:
+                tree, node_entry = draft_round(draft.model, draft.seq, k_config, draft.params, draft.vocab_size)
+            finally:
+                handle.remove()
+            levels = len(calls)
             draft.forwards += levels
-        tree = comm.share_tree(roles, tree)
+        tree, levels = comm.share_tree(roles, tree, levels)
         root = seq.tokens[-1]  # the pending token: everything before it is committed in every stage
         ids = list(range(len(tree) + 1))
         parents = [-1] + [0 if p < 0 else p + 1 for p in tree.parents]
