@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from seed_tot.cli_options import DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_k_config
+from seed_tot.engine.pipeline import PIPELINE_MODES
+from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
 
 log = logging.getLogger("seed_tot")
 
@@ -34,7 +36,7 @@ def main(verbose: int) -> None:
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
-@click.option("--mode", type=MODE_CHOICE, default="seed", show_default=True)
+@click.option("--mode", type=click.Choice([*MODE_CHOICE.choices, *PIPELINE_MODES]), default="seed", show_default=True)
 @model_options
 @click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True, help="Draft tree shape, e.g. 2,2,1.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -49,8 +51,9 @@ def main(verbose: int) -> None:
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None, help="Write a Chrome/Perfetto trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
+@pipeline_options
 def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
-             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json):
+             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json, **pipeline):
     """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
     from seed_tot import SamplingParams
     from seed_tot.engine import summarize
@@ -63,6 +66,10 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
                                 stop=stop, seed=seed)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    if mode in PIPELINE_MODES:  # PipeDec and its baselines: N + 1 processes on torch.distributed
+        engine = load_engine(target, draft, draft_layers, device, dtype, modes=["ar" if mode == "pp" else "sd"])
+        rendered = text if raw else engine.render_prompt(text)
+        return run_pipeline_cli(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:

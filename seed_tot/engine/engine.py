@@ -138,6 +138,13 @@ class Engine:
         await scheduler.run(seqs)
         return self._finish(seqs, start)
 
+    def generate_pipelined(self, prompts, params: SamplingParams | None = None, mode: str = "pipedec",
+                           stages: int = 2, **options):
+        """PipeDec (mode "pipedec") or its baselines ("pp", "stpp") over a target split in `stages`
+        pipeline stages, each its own torch.distributed process (see seed_tot.engine.pipeline.api)."""
+        from .pipeline.api import generate_pipelined
+        return generate_pipelined(self, prompts, params, mode, stages, **options)
+
     def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int = 1):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
