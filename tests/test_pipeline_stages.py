@@ -85,3 +85,39 @@ def test_stage_kv_after_reroot_equals_fresh_prefill_of_committed_plus_subtree():
     # and both caches give the same logits for the next layer
     torch.testing.assert_close(_staged_logits(stages, caches, [6], [45], [3]),
                                _staged_logits(stages, fresh, [6], [45], [3]), rtol=1e-5, atol=1e-5)
+
+
+def _sliding_model(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, initializer_range=0.15, sliding_window=3, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(4)
+    if arch == "qwen2":  # layer 0 full attention, layers 1-2 sliding: one mask per layer type
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, use_sliding_window=True, max_window_layers=1)).eval()
+    return tf.MistralForCausalLM(tf.MistralConfig(**common)).eval()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_stages_apply_sliding_windows_like_the_whole_model(arch):
+    model = _sliding_model(arch)
+    stages = build_stages(model, 3)
+    caches = [StageKV() for _ in stages]
+    ids = list(range(len(PROMPT)))
+    # a tree on top of the prompt: node 7 and 8 are siblings, 9 a child of 8 (positions past the window)
+    _staged_logits(stages, caches, ids, PROMPT, [-1] + ids[:-1])
+    staged = _staged_logits(stages, caches, [7, 8, 9], [17, 18, 19], [ids[-1], ids[-1], 8])
+    with torch.no_grad():
+        whole = [model(torch.tensor([PROMPT + path])).logits[0, -1] for path in ([17], [18], [18, 19])]
+    torch.testing.assert_close(staged, torch.stack(whole), rtol=1e-4, atol=1e-4)
+
+
+def test_models_whose_forward_does_more_than_embed_layers_norm_head_are_refused():
+    import transformers as tf
+
+    model = tf.Gemma2ForCausalLM(tf.Gemma2Config(vocab_size=96, hidden_size=64, intermediate_size=128,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 head_dim=16)).eval()
+    with pytest.raises(ValueError, match="pipeline stages support llama, qwen2, qwen3, mistral models"):
+        build_stages(model, 2)

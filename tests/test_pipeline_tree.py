@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from seed_tot.engine.masks import FULL, AttentionLayout
 from seed_tot.engine.pipeline.stages import tree_mask
 from seed_tot.engine.pipeline.tree import PredictionTree, expand_layer
 
@@ -85,7 +86,8 @@ def test_miss_restarts_from_the_new_token():
 def test_tree_mask_rows_are_the_ancestor_relation():
     parents = [-1, 0, 0, 1, 2, 1, 3]  # entries in breadth-first order
     committed, n_old = 4, 2
-    positions, mask = tree_mask(committed, parents, n_old, torch.float32, torch.device("cpu"))
+    layout = AttentionLayout("llama", {FULL: None}, False, False, None)
+    positions, mask = tree_mask(layout, committed, parents, n_old, torch.float32, torch.device("cpu"))
     allowed = mask[0, 0] == 0
     for row, entry in enumerate(range(n_old, len(parents))):
         anc = set()

@@ -12,7 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, layout_of
+from ..masks import FULL, AttentionLayout, build_attention_mask, tree_visibility
+
+# decoder-only models whose stock forward is exactly embed -> layers -> norm -> lm_head (Gemma, for
+# one, scales its embeddings inside the model's forward, which a stage would skip)
+STAGEABLE = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def split_layers(n_layers: int, n_stages: int) -> list[range]:
@@ -31,24 +36,13 @@ def split_layers(n_layers: int, n_stages: int) -> list[range]:
     return ranges
 
 
-def tree_mask(committed: int, parents: list[int], n_old: int, dtype: torch.dtype,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids [1, n_new] and the additive 4D mask [1, 1, n_new, committed + len(parents)] of the
-    new entries parents[n_old:] (parent -1 = the committed prefix).
-
-    The one place this package builds masks: swap it for engine/masks.py once that lands."""
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 + (depth[p] if p >= 0 else 0))
-    positions = torch.tensor([committed + d - 1 for d in depth[n_old:]], device=device)[None]
-    allowed = torch.zeros(len(parents) - n_old, committed + len(parents), dtype=torch.bool)
-    allowed[:, :committed] = True
-    for row, entry in enumerate(range(n_old, len(parents))):
-        while entry >= 0:  # the entry itself and each of its ancestors
-            allowed[row, committed + entry] = True
-            entry = parents[entry]
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return positions, mask[None, None].to(device)
+def tree_mask(layout: AttentionLayout, committed: int, parents: list[int], n_old: int, dtype: torch.dtype,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
+    """Position ids [1, n_new] and the 4D mask(s) of the new entries parents[n_old:] (parent -1 = the
+    committed prefix), built by engine/masks.py: sliding windows and per-layer-type masks included."""
+    allowed, query_pos, key_pos = tree_visibility(committed, parents, n_old)
+    mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], dtype, device)
+    return query_pos[None].to(device), mask
 
 
 class StageKV:
@@ -105,9 +99,12 @@ class TargetStage(nn.Module):
         inner = getattr(model, "model", None)
         if inner is None or not hasattr(inner, "layers"):
             raise ValueError(f"cannot split {type(model).__name__}: it has no model.layers")
-        layer_types = getattr(model.config, "layer_types", None) or []
-        if any(layer_types[i] != "full_attention" for i in layers if i < len(layer_types)):
-            raise NotImplementedError("sliding-window layers need engine/masks.py; this pipeline builds full-attention masks")
+        if model.config.model_type not in STAGEABLE:
+            raise ValueError(f"pipeline stages support {', '.join(STAGEABLE)} models (embed, decoder layers, norm, "
+                             f"LM head, nothing else in the forward); {model.config.model_type} is not one of them")
+        types = getattr(model.config, "layer_types", None) or [FULL] * model.config.num_hidden_layers
+        self.layer_types = [types[i] for i in layers]
+        self.layout = layout_of(model)
         self.layer_range = layers
         self.blocks = nn.ModuleList([inner.layers[i] for i in layers])
         self.rotary = inner.rotary_emb
@@ -127,12 +124,13 @@ class TargetStage(nn.Module):
         kv = cache.kv
         parents = cache.parents_for(parent_ids, ids)
         all_parents = kv.parents + parents
-        positions, mask = tree_mask(kv.committed, all_parents, len(kv.parents), self.dtype, self.device)
+        positions, mask = tree_mask(self.layout, kv.committed, all_parents, len(kv.parents), self.dtype, self.device)
         if self.first:
             hidden = self.embed(torch.tensor([tokens], device=self.device))
         position_embeddings = self.rotary(hidden, position_ids=positions)
-        for block in self.blocks:
-            hidden = block(hidden, attention_mask=mask, position_ids=positions, past_key_values=kv.cache,
+        for block, layer_type in zip(self.blocks, self.layer_types):
+            layer_mask = mask[layer_type] if isinstance(mask, dict) else mask  # sliding or full layer
+            hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, past_key_values=kv.cache,
                            use_cache=True, position_embeddings=position_embeddings)
         kv.parents = all_parents
         cache.ids = cache.ids + list(ids)
