@@ -111,21 +111,58 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[auto|local|ADDRESS]",
+              help="Solve on Ray actors, one engine each. auto (the bare flag): a running cluster, else a new local "
+                   "one; local: a new local one; or a cluster's address.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --ray: engines (actors) [default: as many as the cluster fits].")
+@click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=None,
+              help="With --ray: GPUs per engine [default: 1 if the cluster has GPUs, else 0].")
+@click.option("--cpus-per-worker", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
-          algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir):
+          algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir,
+          ray_address, workers, gpus_per_worker, cpus_per_worker):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish."""
     from seed_tot.search import apply_overrides, solve_dataset
 
+    ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
+    given = [name for name, value in ray_only.items() if value is not None]
+    if ray_address is None and given:
+        raise click.UsageError(f"{', '.join(given)} only apply with --ray")
+    if ray_address is not None and trace_dir is not None:
+        raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
     results = Path(output) / "results.jsonl"
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch, seed=seed)
+    if ray_address is not None:
+        summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
+                                output, resume, workers, gpus_per_worker, cpus_per_worker)
+        click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+        return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+
+
+def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
+                  cpus_per_worker):
+    """solve --ray: the driver loads no model; each actor builds its engine from the same options."""
+    from seed_tot.engine.params import DRAFTING_MODES
+    from seed_tot.search.distributed import EngineSpec, RayRunError, solve_on_ray
+
+    target, draft, draft_layers, device, dtype = model
+    spec = EngineSpec(target=target, draft=draft, draft_layers=draft_layers, device=device, dtype=dtype,
+                      load_draft=settings.mode in DRAFTING_MODES)
+    try:
+        return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
+                            workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0)
+    except RayRunError as err:
+        raise click.ClickException(str(err)) from err
 
 
 def _task_setup(task_name, config_file, data, limit, offset):

@@ -1,0 +1,298 @@
+"""Solve a dataset on a Ray cluster: N actors, one Engine each, fed problems from a work queue.
+
+The driver never loads a model. It hands one problem at a time to each idle actor (a work queue,
+so one slow problem holds up one actor, not a shard), and it alone writes results.jsonl and
+summary.json, through the same `ResultsRecorder` as the single-process run; an actor runs the
+same `solve_example` as that run, whose seeds come from the problem id, so records do not depend
+on which actor solved a problem or in what order.
+
+Faults: an actor process that dies (killed, out of memory, crashed) is restarted by Ray
+(`max_restarts`); the problem it had in flight goes back to the front of the queue, preferably to
+another actor, and after `max_attempts` deaths it is written as a failed record with the error.
+An exception raised by the search itself is a bug or bad input, not a fault: it stops the run, as
+it does in a single process. Ctrl-C kills the actors; every line already written stays valid.
+
+Ray is an optional dependency (`pip install seed-tot[ray]`); nothing here imports it at module load.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS
+
+from .config import RunSettings
+from .llm import GenerationEngine, LLMCaller
+from .protocol import Example, Task
+from .solve import ResultsRecorder, resolve_algorithm, solve_example
+
+log = logging.getLogger(__name__)
+
+RAY_MISSING = "Ray is not installed; --ray needs it: pip install 'seed-tot[ray]'"
+DEFAULT_MAX_ATTEMPTS = 3  # a problem whose actor died this often is recorded as failed
+DEFAULT_MAX_RESTARTS = 3  # Ray restarts a dead actor this often before it leaves the pool
+
+__all__ = ["EngineSpec", "EnginePool", "RayRunError", "RayUnavailableError", "WorkersLostError", "connect_ray",
+           "import_ray", "solve_dataset_ray", "solve_on_ray"]
+
+
+class RayRunError(RuntimeError):
+    """A Ray run cannot go on; the message is one line for the command line."""
+
+
+class RayUnavailableError(RayRunError):
+    """--ray without Ray installed."""
+
+
+class WorkersLostError(RayRunError):
+    """Every actor of the pool died more often than Ray may restart it."""
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as err:
+        raise RayUnavailableError(RAY_MISSING) from err
+    return ray
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How an actor builds its Engine; pickled to the actors, so it holds names, not models.
+
+    target/draft: Hub id, local directory or .gguf path, as for `Engine.from_pretrained`.
+    factory: instead of those, a picklable zero-argument callable returning an engine (tests
+    build tiny models this way; a user can wrap an engine of their own).
+    """
+
+    target: str | None = None
+    draft: str | None = None
+    draft_layers: int = DEFAULT_DRAFT_LAYERS
+    device: str = "auto"
+    dtype: str | None = None
+    load_draft: bool = True
+    factory: Callable[[], GenerationEngine] | None = None
+
+    def build(self) -> GenerationEngine:
+        if self.factory is not None:
+            return self.factory()
+        from seed_tot.engine import Engine
+        return Engine.from_pretrained(target=self.target, draft=self.draft, device=self.device, dtype=self.dtype,
+                                      draft_layers=self.draft_layers, load_draft=self.load_draft)
+
+
+class EngineWorker:
+    """The body of one Ray actor: one engine, one problem per call."""
+
+    def __init__(self, spec: EngineSpec):
+        self.engine: GenerationEngine | None = None
+        self.load_error: str | None = None
+        try:
+            self.engine = spec.build()
+        except (ValueError, OSError) as err:
+            # a bad model path is the user's input: report it as one line, do not crash-loop the actor
+            self.load_error = f"{type(err).__name__}: {err}"
+
+    def ready(self) -> str | None:
+        """None once the engine is loaded, else why it could not be."""
+        return self.load_error
+
+    def solve(self, task: Task, settings: RunSettings, algorithm: str, example: Example) -> dict[str, Any]:
+        caller = LLMCaller(self.engine, settings.decoding())
+        return solve_example(caller, task, example, settings, algorithm)
+
+
+def connect_ray(address: str) -> None:
+    """Join or start a Ray cluster. "auto": the cluster in RAY_ADDRESS or the last one started on
+    this machine, else a new local one; "local": always a new local one; anything else: the address
+    of a running cluster (host:port, or ray://host:port for Ray Client). No-op when already connected."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    target = {"auto": None, "local": "local"}.get(address, address)
+    # the dashboard is a web server per cluster: not worth its CPU for a batch job
+    ray.init(address=target, include_dashboard=False, logging_level=logging.WARNING)
+    log.info("Ray cluster resources: %s", ray.cluster_resources())
+
+
+class EnginePool:
+    """`workers` Ray actors, each holding one engine built from `spec`; a context manager that
+    kills the actors on exit. Needs a connected Ray (`connect_ray`)."""
+
+    def __init__(self, spec: EngineSpec, workers: int, *, gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS):
+        if workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {workers}")
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise RayRunError("Ray is not connected: call connect_ray first")
+        self.max_restarts = max_restarts
+        self.retired: set[int] = set()  # actors Ray gave up restarting
+        actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
+                           max_task_retries=0)(EngineWorker)  # the driver retries, on another actor
+        self.actors = [actor.remote(spec) for _ in range(workers)]
+        self.alive = True
+        from ray.exceptions import RayActorError
+        try:
+            errors = [e for e in ray.get([a.ready.remote() for a in self.actors]) if e is not None]
+        except RayActorError as err:
+            self.shutdown()
+            raise RayRunError(f"a Ray worker could not start: {_first_line(err)}") from err
+        if errors:
+            self.shutdown()
+            raise ValueError(f"a Ray worker could not load its engine: {errors[0]}")
+        log.info("%d Ray workers ready (%s CPU, %s GPU each)", workers, cpus_per_worker, gpus_per_worker)
+
+    def shutdown(self) -> None:
+        if not self.alive:
+            return
+        ray = import_ray()
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.alive = False
+
+    def __enter__(self) -> "EnginePool":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.shutdown()
+        return False
+
+
+@dataclass
+class _Job:
+    example: Example
+    attempts: int = 0
+    died_on: set[int] = field(default_factory=set)  # actors this problem was in flight on when they died
+    errors: list[str] = field(default_factory=list)
+
+
+def _failed_record(task: Task, job: _Job) -> dict[str, Any]:
+    """What results.jsonl keeps for a problem no actor survived: scored as an empty prediction,
+    so accuracy counts it as wrong, with the error of each attempt."""
+    record: dict[str, Any] = {"id": job.example.id, "input": job.example.data, "prediction": ""}
+    for key, value in task.score(job.example, "").items():
+        record.setdefault(key, value)
+    record.update({"error": " | ".join(job.errors), "attempts": job.attempts, "stats": {}, "wall_s": 0.0})
+    return record
+
+
+def _next_job(queue: deque[_Job], worker: int) -> _Job:
+    """The first queued job that did not already die on this worker; else the first one."""
+    for i, job in enumerate(queue):
+        if worker not in job.died_on:
+            del queue[i]
+            return job
+    return queue.popleft()
+
+
+def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example], *, settings: RunSettings,
+                      output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
+                      max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str, Any]:
+    """`solve_dataset` on the pool's actors: the same results.jsonl and summary.json.
+
+    Raises WorkersLostError when every actor is gone with problems left (those already written
+    stay; --resume continues), and the search's own exception when one raises.
+    """
+    ray = import_ray()
+    from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
+    lost = (RayActorError, OutOfMemoryError, WorkerCrashedError)  # the process died, not the search
+
+    if not pool.alive:
+        raise RayRunError("this pool's actors were stopped (Ctrl-C or shutdown); start a new EnginePool")
+    algorithm = resolve_algorithm(settings, algorithm)
+    task_ref = ray.put(task)  # shipped once, not once per problem
+    with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
+                         resume=resume) as recorder:
+        queue = deque(_Job(ex) for ex in recorder.todo)
+        idle = [i for i in range(len(pool.actors)) if i not in pool.retired]
+        in_flight: dict[Any, tuple[int, _Job | None]] = {}  # a None job: waiting for a restarted actor
+        try:
+            while queue or in_flight:
+                while idle and queue:
+                    worker = idle.pop(0)
+                    job = _next_job(queue, worker)
+                    in_flight[pool.actors[worker].solve.remote(task_ref, settings, algorithm, job.example)] = worker, job
+                if not in_flight:
+                    break  # problems left, no actor left
+                (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                worker, job = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except RayTaskError as err:
+                    # the search raised: the original exception (its one-line message), as in one process
+                    raise (err.cause if isinstance(err.cause, Exception) else err) from err
+                except lost as err:
+                    if job is None:  # Ray gave up restarting it
+                        log.warning("Ray worker %d is gone for good (%s)", worker, _first_line(err))
+                        pool.retired.add(worker)
+                        continue
+                    _lost_attempt(task, job, worker, err, queue, recorder, max_attempts)
+                    # calls made while Ray restarts the actor would fail too: wait until it is back
+                    # (this call is retried by Ray through the restart; it fails once Ray gives up)
+                    in_flight[pool.actors[worker].ready.options(max_task_retries=-1).remote()] = worker, None
+                    continue
+                if job is not None:
+                    recorder.add(result)
+                elif result is not None:  # restarted, but its engine no longer loads
+                    log.warning("Ray worker %d restarted without an engine (%s); it leaves the pool", worker, result)
+                    pool.retired.add(worker)
+                    continue
+                idle.append(worker)
+        except KeyboardInterrupt:
+            pool.shutdown()  # stop the searches in flight; what is written is complete
+            raise
+        if queue:
+            raise WorkersLostError(f"all {len(pool.actors)} Ray workers are gone (each died more than "
+                                   f"{pool.max_restarts} times); {len(queue)} problems are not solved (last error: "
+                                   f"{queue[0].errors[-1] if queue[0].errors else 'none'}); "
+                                   f"fix the cause and run again with --resume")
+    return recorder.write_summary()
+
+
+def _lost_attempt(task: Task, job: _Job, worker: int, err: Exception, queue: deque[_Job],
+                  recorder: ResultsRecorder, max_attempts: int) -> None:
+    job.attempts += 1
+    job.died_on.add(worker)
+    job.errors.append(f"worker {worker}: {type(err).__name__}: {_first_line(err)}")
+    if job.attempts >= max_attempts:
+        log.error("problem %s: its Ray worker died %d times; recorded as failed", job.example.id, job.attempts)
+        recorder.add(_failed_record(task, job))
+    else:
+        log.warning("problem %s: Ray worker %d died (%s); retrying it", job.example.id, worker, type(err).__name__)
+        queue.appendleft(job)
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[Example], *, settings: RunSettings,
+                 output_dir: str | Path, resume: bool = False, workers: int | None = None,
+                 gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+    """The `seed-tot solve --ray` path: connect, start the pool, solve, stop the actors.
+
+    workers None: as many as the cluster fits. gpus_per_worker None: 1 when the cluster has GPUs.
+    """
+    ray = import_ray()
+    connect_ray(address)
+    resources = ray.cluster_resources()
+    gpus = resources.get("GPU", 0.0)
+    if gpus_per_worker is None:
+        gpus_per_worker = 1.0 if gpus else 0.0
+    if workers is None:
+        if gpus_per_worker:
+            workers = max(1, int(gpus // gpus_per_worker))
+        else:
+            workers = max(1, int(resources.get("CPU", 1.0) // max(cpus_per_worker, 1e-9)))
+        log.info("--workers not given: %d, as many as the cluster fits", workers)
+    if gpus_per_worker * workers > gpus or cpus_per_worker * workers > resources.get("CPU", 0.0):
+        # Ray would wait forever for the actors that do not fit
+        raise RayRunError(f"{workers} workers with {cpus_per_worker} CPU and {gpus_per_worker} GPU each do not fit "
+                          f"the cluster ({resources.get('CPU', 0.0):g} CPU, {gpus:g} GPU)")
+    with EnginePool(spec, workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker) as pool:
+        return solve_dataset_ray(pool, task, examples, settings=settings, output_dir=output_dir, resume=resume)

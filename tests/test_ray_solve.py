@@ -1,0 +1,338 @@
+"""`solve --ray`: real Ray actors on a local cluster (2 CPUs) started once for this module.
+
+The actors hold tiny random models built in code and saved as model directories (conftest's
+`tiny_model_dirs`); the single-process reference loads the same directories. Faults are real:
+an actor's engine ends its own process (os._exit) on a prompt holding a word named by a file in
+a faults directory, so the driver sees a dead actor exactly as after an OOM kill.
+"""
+from __future__ import annotations
+
+import _thread
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from seed_tot.cli import main
+from seed_tot.search import apply_overrides, load_settings, solve_dataset
+from seed_tot.search.distributed import EnginePool, EngineSpec, solve_dataset_ray
+from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
+
+TESTS = Path(__file__).resolve().parent
+PROBLEMS = [("apples", "7"), ("pens", "12"), ("pages", "84"), ("marbles", "3"), ("cookies", "24")]
+WORDS = tuple(word for word, _ in PROBLEMS)  # one per problem, in all its prompts; faults name them
+TIMING = ("wall_s", "busy", "tokens_per_s", "results")  # keys whose values are clocks or paths
+
+
+class ShortTask:
+    """A real ToT task with prompts of a few characters, so tiny models answer in milliseconds
+    (the built-in tasks' few-shot prompts take a tiny model seconds per call on a busy CPU):
+    thoughts are free text, a state's value is the count of vowels in the model's rating reply."""
+
+    name = "short"
+
+    def __init__(self):
+        self.config = SearchConfig(depth=2, n_generate=2, breadth=1, max_new_tokens=6)
+
+    def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        rows = rows[offset:None if limit is None else offset + limit]
+        return [Example(id=str(offset + i), data=row) for i, row in enumerate(rows)]
+
+    def thought_prompt(self, example: Example, state: State) -> Prompt:
+        return Prompt(user=f"{example.data['question']}:{'/'.join(state.thoughts)}")
+
+    def extend(self, state: State, thought: str) -> State:
+        return State(state.thoughts + (thought,))
+
+    def value_prompt(self, example: Example, state: State) -> Prompt:
+        return Prompt(user=f"rate {example.data['question']}:{'/'.join(state.thoughts)}", max_new_tokens=3)
+
+    def parse_value(self, text: str) -> float:
+        return float(sum(c in "aeiou" for c in text))
+
+    def is_final(self, example: Example, state: State) -> bool:
+        return False
+
+    def answer_prompt(self, example: Example, state: State) -> Prompt:
+        return Prompt(user=f"answer {example.data['question']}:{'/'.join(state.thoughts)}", max_new_tokens=4)
+
+    def prediction(self, example: Example, state: State, answer: str) -> str:
+        return answer.strip()
+
+    def score(self, example: Example, prediction: str) -> dict:
+        return {"correct": prediction == example.data["answer"]}
+
+
+class FaultyEngine:
+    """A real engine that ends its own process on a prompt holding a word named by a file in
+    `faults`: `once-WORD` (the first process to delete the file dies) or `always-WORD`; `stall-WORD`
+    makes such a call take 30 s longer instead."""
+
+    def __init__(self, engine, faults: str):
+        self.engine, self.faults = engine, Path(faults)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompts, *args, **kwargs):
+        for path in self.faults.iterdir():
+            kind, _, word = path.name.partition("-")
+            if not any(word in p for p in prompts):
+                continue
+            if kind == "stall":  # a long problem
+                time.sleep(30)
+                continue
+            if kind == "once":
+                try:
+                    path.unlink()  # atomic: only one actor claims a once-fault
+                except FileNotFoundError:
+                    continue
+            os._exit(1)
+        return self.engine.generate(prompts, *args, **kwargs)
+
+
+def faulty_engine(target: str, draft: str, faults: str) -> FaultyEngine:
+    from seed_tot.engine import Engine
+    return FaultyEngine(Engine.from_pretrained(target=target, draft=draft, device="cpu"), faults)
+
+
+class PoolKeeper:
+    """One pool of 2 actors for the module, started again after a test stops it (Ctrl-C test);
+    the cluster has 2 CPUs, so a test that needs other actors releases this pool first."""
+
+    def __init__(self, spec: EngineSpec, faults: Path):
+        self.spec, self.faults, self.pool = spec, faults, None
+
+    def get(self) -> EnginePool:
+        if self.pool is None or not self.pool.alive:
+            self.pool = EnginePool(self.spec, 2, cpus_per_worker=1)
+        return self.pool
+
+    def release(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'seed-tot[ray]'")
+    # actors unpickle FaultyEngine by reference, so they must import this module
+    # and Ray's default worker niceness (15) starves them on a CPU shared with other test runs
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+           "RAY_worker_niceness": "0"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, OSError) as err:
+        pytest.skip(f"Ray cannot start a local cluster on this machine: {err}")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def keeper(ray_cluster, tiny_model_dirs, tmp_path_factory):
+    faults = tmp_path_factory.mktemp("faults")
+    keeper = PoolKeeper(EngineSpec(factory=functools.partial(faulty_engine, *tiny_model_dirs, str(faults))), faults)
+    yield keeper
+    keeper.release()
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "five.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in PROBLEMS))
+    task = ShortTask()
+    return task, task.load(str(path)), str(path)
+
+
+def settings_for(task, temperature: float):
+    return apply_overrides(load_settings(None, base=task.config), temperature=temperature, mode="seed")
+
+
+@pytest.fixture(scope="module")
+def reference_engine(tiny_model_dirs):
+    from seed_tot.engine import Engine
+    target, draft = tiny_model_dirs
+    return Engine.from_pretrained(target=target, draft=draft, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(reference_engine, problems, tmp_path_factory):
+    """Single-process records and summary by temperature, each computed once."""
+    task, examples, _ = problems
+    runs = {}
+
+    def run(temperature: float):
+        if temperature not in runs:
+            out = tmp_path_factory.mktemp(f"reference-{temperature}")
+            summary = solve_dataset(reference_engine, task, examples, settings=settings_for(task, temperature),
+                                    output_dir=out)
+            runs[temperature] = (read_records(out), summary)
+        return runs[temperature]
+    return run
+
+
+def read_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def untimed(value):
+    """A record or summary without its clocks (which legitimately differ between runs)."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not any(t in k for t in TIMING)}
+    if isinstance(value, list):
+        return [untimed(v) for v in value]
+    return value
+
+
+def by_id(records: list[dict]) -> dict[str, dict]:
+    return {r["id"]: untimed(r) for r in records}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_records_and_summary_equal_a_single_process_run(keeper, problems, reference, tmp_path, temperature):
+    task, examples, _ = problems
+    ref_records, ref_summary = reference(temperature)
+    summary = solve_dataset_ray(keeper.get(), task, examples, settings=settings_for(task, temperature),
+                                output_dir=tmp_path)
+    records = read_records(tmp_path)
+    assert by_id(records) == by_id(ref_records)
+    assert untimed(summary) == untimed(ref_summary)
+    assert untimed(json.loads((tmp_path / "summary.json").read_text())) == untimed(ref_summary)
+
+
+def test_each_id_is_written_exactly_once(keeper, problems, tmp_path):
+    task, examples, _ = problems
+    doubled = examples + examples[:2]  # an input naming ids twice
+    solve_dataset_ray(keeper.get(), task, doubled, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    ids = [r["id"] for r in read_records(tmp_path)]
+    assert sorted(ids) == sorted(ex.id for ex in examples)
+
+
+def test_resume_crosses_between_single_process_and_ray_both_ways(keeper, problems, reference, reference_engine,
+                                                                 tmp_path):
+    task, examples, _ = problems
+    settings = settings_for(task, 1.0)
+    ref_records, _ = reference(1.0)
+    # single-process cut short after 2 problems, finished on Ray
+    solve_dataset(reference_engine, task, examples[:2], settings=settings, output_dir=tmp_path / "a")
+    solve_dataset_ray(keeper.get(), task, examples, settings=settings, output_dir=tmp_path / "a", resume=True)
+    # Ray cut short after 2 problems and killed mid-write, finished in a single process
+    solve_dataset_ray(keeper.get(), task, examples[:2], settings=settings, output_dir=tmp_path / "b")
+    with (tmp_path / "b" / "results.jsonl").open("a") as fh:
+        fh.write('{"id": "2", "input": {"quest')
+    solve_dataset(reference_engine, task, examples, settings=settings, output_dir=tmp_path / "b", resume=True)
+    for out in ("a", "b"):
+        records = read_records(tmp_path / out)
+        assert len(records) == len(examples)
+        assert by_id(records) == by_id(ref_records)
+
+
+def test_a_killed_actor_has_its_problem_retried_elsewhere(keeper, problems, reference, tmp_path, caplog):
+    task, examples, _ = problems
+    pool = keeper.get()
+    fault = keeper.faults / "once-marbles"
+    fault.touch()
+    with caplog.at_level(logging.WARNING, logger="seed_tot.search.distributed"):
+        solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    assert not fault.exists()  # an actor really died on it
+    assert any("retrying" in r.getMessage() for r in caplog.records)
+    records = read_records(tmp_path)
+    assert [r["id"] for r in records].count("3") == 1 and len(records) == len(examples)
+    assert by_id(records) == by_id(reference(0.0)[0])
+
+
+def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems, reference, tmp_path):
+    task, examples, _ = problems
+    pool = keeper.get()
+    fault = keeper.faults / "always-pens"
+    fault.touch()
+    try:
+        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path,
+                                    max_attempts=2)
+    finally:
+        fault.unlink()
+    records = {r["id"]: r for r in read_records(tmp_path)}
+    assert sorted(records) == sorted(ex.id for ex in examples)
+    failed = records.pop("1")
+    assert failed["attempts"] == 2 and "worker 0" in failed["error"] and "worker 1" in failed["error"]
+    assert failed["correct"] is False and failed["prediction"] == ""
+    reference_records = by_id(reference(0.0)[0])
+    assert {i: untimed(r) for i, r in records.items()} == {i: reference_records[i] for i in records}
+    assert summary["n"] == len(examples)
+
+
+def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, reference, reference_engine,
+                                                          tmp_path):
+    import ray
+    task, examples, _ = problems
+    pool = keeper.get()
+    results = tmp_path / "results.jsonl"
+
+    def interrupt_after_first_record():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (results.exists() and results.read_text().count("\n") >= 1):
+            time.sleep(0.05)
+        _thread.interrupt_main()  # what Ctrl-C does to the driver
+
+    stalls = [keeper.faults / f"stall-{word}" for word in WORDS[2:]]  # so the run cannot end first
+    for stall in stalls:
+        stall.touch()
+    threading.Thread(target=interrupt_after_first_record, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    finally:
+        for stall in stalls:
+            stall.unlink()
+    assert not pool.alive
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(pool.actors[0].ready.remote(), timeout=30)
+    written = read_records(tmp_path)  # every line parses
+    assert 1 <= len(written) < len(examples) and len({r["id"] for r in written}) == len(written)
+    solve_dataset(reference_engine, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path, resume=True)
+    assert by_id(read_records(tmp_path)) == by_id(reference(0.0)[0])
+
+
+def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, tiny_model_dirs, tmp_path,
+                                                             monkeypatch):
+    task, examples, data = problems
+    target, draft = tiny_model_dirs
+    monkeypatch.setattr("seed_tot.tasks.get_task", lambda name: ShortTask())
+    keeper.release()  # the cluster's 2 CPUs go to the command's own 2 actors
+    common = ["solve", "short", "--data", data, "--target", target, "--draft", draft, "--temperature", "1",
+              "--device", "cpu"]
+    for name, extra in (("one", []), ("ray", ["--ray", "--workers", "2"])):
+        result = CliRunner().invoke(main, [*common, "--output", str(tmp_path / name), *extra], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    assert by_id(read_records(tmp_path / "ray")) == by_id(read_records(tmp_path / "one"))
+    assert len(read_records(tmp_path / "ray")) == len(examples)
+
+
+def test_missing_ray_is_one_clear_line(monkeypatch, problems, tmp_path):
+    monkeypatch.setattr("seed_tot.tasks.get_task", lambda name: ShortTask())
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    result = CliRunner().invoke(main, ["solve", "short", "--data", problems[2], "--output", str(tmp_path), "--ray"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["Error: Ray is not installed; --ray needs it: pip install 'seed-tot[ray]'"]
+
+
+def test_workers_without_ray_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["solve", "gsm8k", "--output", str(tmp_path), "--workers", "2"])
+    assert result.exit_code != 0 and "--workers" in result.output and "--ray" in result.output
