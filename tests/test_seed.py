@@ -116,7 +116,7 @@ def test_a_failing_verifier_surfaces_as_an_error_naming_the_sequence(setup, monk
     def broken(model, jobs, *args):
         raise RuntimeError("target out of memory")
 
-    monkeypatch.setattr(seed_module, "verify_batch_round", broken)
+    monkeypatch.setattr(seed_module, "score_rows", broken)  # the target forward of every verification
     with pytest.raises(SeedError, match=r"verification of sequence \d+ failed"):
         Engine(target, draft).generate([[1, 2]] * 2, SamplingParams(max_new_tokens=8), mode="seed")
 

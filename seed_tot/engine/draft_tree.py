@@ -2,12 +2,22 @@
 
 A chain (SD, SEED with k_config (1,1,1)) is a tree with one child per node; MCSD's k_config
 products, OPT-Tree's adaptive trees or SpecDec++'s variable-length chains are other shapes of it.
+
+Two kinds of nodes, because the verifier needs a different (each exact) rule for each:
+- *sampled* nodes were drawn from a draft distribution q; the verifier needs q, stored once per
+  sibling group in `draft_probs` and pointed to by `q_index[i]`;
+- *deterministic* nodes (`q_index[i] == -1`) were chosen without randomness (the draft's top
+  tokens, OPT-Tree's best paths); the verifier treats them as one-hot proposals without
+  replacement, so they cost no vocabulary-sized row at all.
+All children of one node are of one kind (the exact rules do not mix within a sibling group).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+DETERMINISTIC = -1  # q_index of a node that was picked, not sampled
 
 
 @dataclass
@@ -16,25 +26,41 @@ class DraftTree:
 
     parents[i]     index of node i's parent, -1 for a child of the root (the sequence's last token)
     tokens[i]      the drafted token
-    draft_probs[i] the processed draft distribution q that token i was drawn from, float32 [V]
+    draft_probs    processed draft distributions q, float32 [m, V]; one row per sibling group is
+                   enough (without replacement every sibling was drawn from the same q)
+    q_index[i]     the row of draft_probs node i was drawn from, or DETERMINISTIC (-1);
+                   None means row i for node i (one row per node, the original layout)
     without_replacement: siblings were drawn one after another from the same q with earlier
         siblings removed (MCSD, Yang et al. 2024); False means each sibling was an independent draw
         from its own draft_probs row (SpecInfer-style multi-draft).
+    path_probs[i]  optional: the policy's estimate that node i is accepted (OPT-Tree's p̂)
     """
 
     parents: list[int]
     tokens: list[int]
     draft_probs: torch.Tensor
     without_replacement: bool = True
+    q_index: list[int] | None = None
+    path_probs: list[float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        if len(self.parents) != n or (n and self.draft_probs.shape[0] != n):
-            raise ValueError(f"draft tree has {n} tokens, {len(self.parents)} parents, "
-                             f"{self.draft_probs.shape[0] if n else 0} draft distributions")
+        rows = self.draft_probs.shape[0] if self.draft_probs.dim() == 2 else 0
+        if self.q_index is None:
+            if len(self.parents) != n or (n and rows != n):
+                raise ValueError(f"draft tree has {n} tokens, {len(self.parents)} parents, {rows} draft distributions")
+            self.q_index = list(range(n))
+        elif len(self.parents) != n or len(self.q_index) != n:
+            raise ValueError(f"draft tree has {n} tokens, {len(self.parents)} parents, {len(self.q_index)} q indices")
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise ValueError(f"draft tree node {i} has parent {p}; parents must precede children")
+            if not DETERMINISTIC <= self.q_index[i] < rows:
+                raise ValueError(f"draft tree node {i} points at q row {self.q_index[i]}; there are {rows}")
+        kind_of_group: dict[int, bool] = {}
+        for p, q in zip(self.parents, self.q_index):
+            if kind_of_group.setdefault(p, q == DETERMINISTIC) != (q == DETERMINISTIC):
+                raise ValueError(f"children of draft node {p} mix sampled and deterministic candidates")
 
     @classmethod
     def empty(cls, vocab_size: int) -> "DraftTree":
@@ -42,6 +68,12 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def deterministic(self, node: int) -> bool:
+        return self.q_index[node] == DETERMINISTIC
+
+    def q(self, node: int) -> torch.Tensor:
+        return self.draft_probs[self.q_index[node]]
 
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
@@ -51,3 +83,7 @@ class DraftTree:
         for p in self.parents:
             depths.append(1 + (depths[p] if p >= 0 else 0))
         return max(depths, default=0)
+
+    def expected_tokens(self) -> float | None:
+        """OPT-Tree's E(A): 1 (the target's own token) + the sum of the nodes' acceptance estimates."""
+        return None if self.path_probs is None else 1.0 + sum(self.path_probs)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+import weakref
 from typing import Sequence as Seq
 
 import torch
@@ -40,6 +42,9 @@ class Engine:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
+        self._background: _BackgroundLoop | None = None
+        self._background_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
@@ -64,6 +69,14 @@ class Engine:
             check_same_vocabulary(tokenizer, draft_tokenizer, target, draft)
             draft_name = draft
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
+
+    def _seed_loop(self) -> "_BackgroundLoop":
+        """The event loop on which synchronous seed calls run: one per engine, so that calls from
+        several threads (e.g. `solve --concurrency`) share one scheduler and its batched forwards."""
+        with self._background_lock:
+            if self._background is None:
+                self._background = _BackgroundLoop()
+            return self._background
 
     # ------------------------------------------------------------------ prompts
     def render_prompt(self, user: str, assistant_prefix: str = "", system: str | None = None) -> str:
@@ -97,8 +110,11 @@ class Engine:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
                  k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1,
-                 draft_policy=None, policy_options: dict | None = None) -> list[GenerationResult]:
+                 draft_policy=None, policy_options: dict | None = None,
+                 draft_batch: int | None = 1) -> list[GenerationResult]:
         """Generate for every prompt; results come back in prompt order.
+        seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
+        workers drafted per draft forward (None: all that are ready; 1: one thread per worker, the paper's).
         draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto" or a
         DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings."""
         params = params or SamplingParams()
@@ -109,8 +125,8 @@ class Engine:
                 pass
             else:
                 raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
-            return asyncio.run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
-                                              draft_policy, policy_options))
+            return self._seed_loop().run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
+                                                        draft_policy, policy_options, draft_batch))
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
         seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch)
         if mode == "parallel":
@@ -124,18 +140,22 @@ class Engine:
 
     async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str = "seed",
                         k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1,
-                        draft_policy=None, policy_options: dict | None = None) -> list[GenerationResult]:
+                        draft_policy=None, policy_options: dict | None = None,
+                        draft_batch: int | None = 1) -> list[GenerationResult]:
         """The coroutine form, for callers that already run an event loop. Non-seed modes run in a thread."""
         params = params or SamplingParams()
         if mode != "seed":
             return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch,
-                                           draft_policy, policy_options)
+                                           draft_policy, policy_options, draft_batch)
         from .seed import SeedScheduler
         start = time.perf_counter()
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch)
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch)
         policy = self.policy(mode, k_config, params, draft_policy, policy_options)
-        scheduler = SeedScheduler(self, params, policy, n_workers=n_workers, verify_batch=verify_batch)
-        await scheduler.run(seqs)
+        loop = asyncio.get_running_loop()
+        scheduler = self._seed_schedulers.get(loop)
+        if scheduler is None:  # one scheduler per event loop serves every concurrent call on it
+            scheduler = self._seed_schedulers[loop] = SeedScheduler(self)
+        await scheduler.run(seqs, policy, n_workers=n_workers, verify_batch=verify_batch, draft_batch=draft_batch)
         return self._finish(seqs, start)
 
     def generate_pipelined(self, prompts, params: SamplingParams | None = None, mode: str = "pipedec",
@@ -145,7 +165,8 @@ class Engine:
         from .pipeline.api import generate_pipelined
         return generate_pipelined(self, prompts, params, mode, stages, **options)
 
-    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int = 1):
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int = 1,
+               draft_batch: int | None = 1):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         k_config = check_k_config(k_config)
@@ -154,7 +175,8 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         encoded = self.encode(prompts)
-        self._check_attention(mode, k_config, verify_batch if len(encoded) > 1 else 1)
+        single = len(encoded) == 1
+        self._check_attention(mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch)
         self._check_context(encoded, params, mode)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
         seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
@@ -162,15 +184,18 @@ class Engine:
             self._prefill_shared(seqs, with_draft=mode != "ar")
         return seqs, k_config
 
-    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int) -> None:
+    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | None,
+                         draft_batch: int | None = 1) -> None:
         """Refuse, before any forward, a setting whose 4D masks a model cannot take exactly."""
         tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
         if tree:
             what = f"mode {mode} with the tree k_config {','.join(map(str, k_config))}"
             layout_of(self.target).check_tree_masks(what)
             layout_of(self.draft).check_tree_masks(what)
-        if mode == "seed" and verify_batch > 1:
+        if mode == "seed" and verify_batch != 1:
             layout_of(self.target).check_tree_masks(f"seed with verify_batch={verify_batch}")
+        if mode == "seed" and draft_batch != 1:
+            layout_of(self.draft).check_tree_masks(f"seed with draft_batch={draft_batch}")
 
     def _check_context(self, encoded: list[list[int]], params: SamplingParams, mode: str) -> None:
         """Models with learned absolute positions (GPT-2, OPT) cannot go past their table: say so up front.
@@ -245,6 +270,23 @@ class Engine:
             seq.stats.wall_s = wall
             results.append(seq.result())
         return results
+
+
+class _BackgroundLoop:
+    """An event loop on a daemon thread; `run` submits a coroutine and blocks until it is done."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="seed-engine-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
+            future.cancel()
+            raise
 
 
 def summarize(results: list[GenerationResult]) -> GenerationStats:

@@ -94,41 +94,42 @@ class KVCache:
                 layer.values = layer.values[..., index, :]
 
 
-def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]]) -> list[torch.Tensor]:
-    """Score new entries of several sequences in ONE padded forward (SEED's verify_batch).
+def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
+                  what: str = "batched verification (verify_batch > 1)") -> list[torch.Tensor]:
+    """`KVCache.forward` for several sequences in ONE padded forward (batched drafting and verification).
 
-    Each row's committed KV is left-padded to the longest prefix and its new entries right-padded
-    to the longest query; the 4D mask hides padding, so every row attends exactly to what its own
-    `KVCache.forward` would. Afterwards each cache takes back its own slice (and stays unpadded).
+    parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
+    `KVCache.forward`. Each row's history (committed prefix + uncommitted entries) is left-padded to
+    the longest and its new entries right-padded to the longest query; the 4D mask hides padding,
+    so every row attends exactly to what its own `KVCache.forward` would. Afterwards each cache
+    takes back its own slice (and stays unpadded).
     """
     device, dtype = model.device, model.dtype
     layout = layout_of(model)
-    layout.check_tree_masks("batched verification (verify_batch > 1)")
-    for kv in caches:
-        if kv.parents:
-            raise RuntimeError("forward_batch needs caches without uncommitted entries")
-    n_prefix = max(kv.committed for kv in caches)
+    layout.check_tree_masks(what)
+    n_hist = max(kv.length for kv in caches)
     n_query = max(len(t) for t in tokens)
     batch = len(caches)
-    allowed = torch.zeros(batch, n_query, n_prefix + n_query, dtype=torch.bool)
+    allowed = torch.zeros(batch, n_query, n_hist + n_query, dtype=torch.bool)
     query_pos = torch.zeros(batch, n_query, dtype=torch.long)
-    key_pos = torch.zeros(batch, n_prefix + n_query, dtype=torch.long)  # padding keys: hidden anyway
+    key_pos = torch.zeros(batch, n_hist + n_query, dtype=torch.long)  # padding keys: hidden anyway
     input_ids = torch.zeros(batch, n_query, dtype=torch.long)
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
-        row_allowed, row_qpos, row_kpos = tree_visibility(kv.committed, list(pars), 0)
-        pad = n_prefix - kv.committed
-        allowed[b, : len(toks), pad: n_prefix] = row_allowed[:, : kv.committed]
-        allowed[b, : len(toks), n_prefix: n_prefix + len(toks)] = row_allowed[:, kv.committed:]
+        row_allowed, row_qpos, row_kpos = tree_visibility(kv.committed, kv.parents + list(pars), len(kv.parents))
+        pad = n_hist - kv.length
+        allowed[b, : len(toks), pad: n_hist] = row_allowed[:, : kv.length]
+        allowed[b, : len(toks), n_hist: n_hist + len(toks)] = row_allowed[:, kv.length:]
         query_pos[b, : len(toks)] = row_qpos
-        key_pos[b, pad: n_prefix + len(toks)] = row_kpos
+        key_pos[b, pad: n_hist + len(toks)] = row_kpos
         input_ids[b, : len(toks)] = torch.tensor(toks)
         for row in range(len(toks), n_query):  # padding queries see only themselves (no NaN rows)
-            allowed[b, row, n_prefix + row] = True
-            query_pos[b, row] = key_pos[b, n_prefix + row] = kv.committed
+            allowed[b, row, n_hist + row] = True
+            query_pos[b, row] = key_pos[b, n_hist + row] = kv.length
+    n_prefix = n_hist  # the stacked history every row is padded to
     mask = build_attention_mask(layout, allowed, query_pos, key_pos, dtype, device)
     stacked = DynamicCache()
     if n_prefix:  # a batch of one-token prompts has no history yet: nothing to stack
-        template = next(kv for kv in caches if kv.committed == n_prefix).cache.layers
+        template = next(kv for kv in caches if kv.length == n_prefix).cache.layers
         for layer_idx, layer in enumerate(template):
             keys, values = [], []
             for kv in caches:
@@ -141,12 +142,12 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
                 attention_mask=mask, past_key_values=stacked, use_cache=True)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
-        keep = slice(n_prefix - kv.committed, n_prefix + len(toks))
+        keep = slice(n_prefix - kv.length, n_prefix + len(toks))
         fresh = DynamicCache()
         for layer_idx, layer in enumerate(stacked.layers):
             fresh.update(layer.keys[b: b + 1, :, keep], layer.values[b: b + 1, :, keep], layer_idx)
         kv.cache = fresh
-        kv.parents = list(pars)
+        kv.parents = kv.parents + list(pars)
         logits.append(out.logits[b, : len(toks)])
     return logits
 
@@ -155,6 +156,6 @@ def _layer_kv(kv: KVCache, layer_idx: int, template):
     """This row's keys/values of one layer; an empty slice shaped like `template`'s (the model's real
     cache layout: its KV heads and head size, e.g. one head for multi-query Falcon) when it has none."""
     layers = kv.cache.layers
-    if kv.committed and layer_idx < len(layers):
+    if kv.length and layer_idx < len(layers):
         return layers[layer_idx].keys, layers[layer_idx].values
     return template.keys[:1, ..., :0, :], template.values[:1, ..., :0, :]

@@ -93,7 +93,7 @@ class AttentionLayout:
                 f"{self.model_name} uses ALiBi position biases, which it computes from a 2D padding mask: "
                 f"{what} needs tree/batched 4D masks that such a model cannot take without forked modeling "
                 f"code. Modes that are exact for it: ar, parallel, sd, and seed with a chain k_config "
-                f"(e.g. 1,1,1) and verify_batch=1")
+                f"(e.g. 1,1,1), verify_batch=1 and draft_batch=1")
 
 
 def _absolute_positions(model) -> int | None:

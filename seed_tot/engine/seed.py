@@ -1,8 +1,15 @@
-"""SEED: scheduled speculative execution (the SEED paper's Algorithm 2).
+"""SEED: scheduled speculative execution (the SEED paper's Algorithm 2), shared by concurrent callers.
 
-    DraftWorker i (one per sequence, asyncio task)      Verifier (one asyncio task)
+    DraftWorker i (one per sequence, asyncio task)      Verifier (one asyncio task per engine)
       loop: draft a tree            --push-->  VerifyQueue  --pop FCFS-->  target forward,
             wait until verified     <--release------------------------    accept, commit
+
+One `SeedScheduler` per engine and event loop serves every concurrent `agenerate` call: all their
+workers push into one FCFS VerifyQueue, so drafts of different calls (different ToT problems)
+share target forwards (up to the head job's verify_batch), and workers that are ready together
+share draft forwards (batched_draft.DraftBatcher, up to the head request's draft_batch). A
+sequence joins when its call starts and leaves when it stops; each keeps its own generator and
+sampling params, so what it generates never depends on what else shares its forwards.
 
 Why threads under asyncio: the event loop only schedules; every model forward runs in an
 executor thread, so the target really computes while other workers draft (torch releases the GIL
@@ -24,10 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .batched_draft import DraftBatcher
 from .draft_tree import DraftTree
-from .params import SamplingParams
+from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
-from .speculative import draft_round, verify_batch_round
+from .speculative import accept_row, draft_round, score_rows
 
 log = logging.getLogger(__name__)
 MAX_DRAFT_THREADS = 32  # workers beyond this share threads (each still is its own asyncio task)
@@ -43,6 +51,7 @@ class VerifyJob:
     tree: DraftTree
     node_entry: dict[int, int]
     enqueued: float
+    call: "_Call"
     verified: asyncio.Event = field(default_factory=asyncio.Event)  # the paper's draft label map
     error: BaseException | None = None
 
@@ -63,13 +72,16 @@ class VerifyQueue:
             self._items.append(job)
             self._ready.notify()
 
-    async def pop(self, max_jobs: int) -> list[VerifyJob] | None:
-        """Up to max_jobs jobs in arrival order; None once closed and drained."""
+    async def pop(self) -> list[VerifyJob] | None:
+        """The head job and the jobs behind it, up to the head's call's verify_batch (None: all),
+        in arrival order; None once closed and drained."""
         async with self._ready:
             await self._ready.wait_for(lambda: self._items or self._closed)
             if not self._items:
                 return None
-            return [self._items.popleft() for _ in range(min(max_jobs, len(self._items)))]
+            limit = self._items[0].call.verify_batch
+            n = len(self._items) if limit is None else min(limit, len(self._items))
+            return [self._items.popleft() for _ in range(n)]
 
     async def close(self) -> None:
         async with self._ready:
@@ -96,92 +108,156 @@ class _Streams:
         return out
 
 
+@dataclass
+class _Call:
+    """One agenerate call's settings and timeline (events are relative to its own start)."""
+
+    policy: DraftPolicy
+    verify_batch: int | None
+    draft_batch: int | None
+    t0: float = field(default_factory=time.perf_counter)
+    events: list[dict] = field(default_factory=list)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _check_batches(n_workers: int | None, verify_batch: int | None, draft_batch: int | None) -> None:
+    if n_workers is not None and n_workers <= 0:
+        raise ValueError(f"n_workers must be positive, got {n_workers}")
+    if verify_batch is not None and verify_batch <= 0:
+        raise ValueError(f"verify_batch must be positive or None (every queued draft), got {verify_batch}")
+    if draft_batch is not None and draft_batch <= 0:
+        raise ValueError(f"draft_batch must be positive or None (every ready worker), got {draft_batch}")
+
+
 class SeedScheduler:
-    def __init__(self, engine, params: SamplingParams, k_config: tuple[int, ...],
-                 n_workers: int | None = None, verify_batch: int = 1):
-        if n_workers is not None and n_workers <= 0:
-            raise ValueError(f"n_workers must be positive, got {n_workers}")
-        if verify_batch <= 0:
-            raise ValueError(f"verify_batch must be positive, got {verify_batch}")
-        self.engine, self.params, self.k_config = engine, params, k_config
-        self.n_workers, self.verify_batch = n_workers, verify_batch
-        self.events: list[dict] = []
-        self._t0 = 0.0
+    """The engine's SEED scheduler on one event loop; it runs while at least one call is active."""
 
-    def _now(self) -> float:
-        return time.perf_counter() - self._t0
+    def __init__(self, engine):
+        self.engine = engine
+        self._active = 0
+        self._queue: VerifyQueue | None = None
+        self._tasks: list[asyncio.Task] = []
 
-    async def run(self, seqs: list[Sequence]) -> None:
-        self._t0 = time.perf_counter()
+    def _start(self) -> None:
+        engine = self.engine
+        self._streams = _Streams(engine.target.device)
+        self._queue = VerifyQueue()
+        # draft_batch=1 workers draft on their own threads (the paper's execution); batched rounds
+        # run on one more thread, the target on its own
+        self._draft_pool = ThreadPoolExecutor(MAX_DRAFT_THREADS, thread_name_prefix="seed-draft")
+        self._batch_pool = ThreadPoolExecutor(1, thread_name_prefix="seed-draft-batch")
+        self._target_pool = ThreadPoolExecutor(1, thread_name_prefix="seed-target")
+        self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run)
+        self._tasks = [asyncio.create_task(self._verifier(), name="seed-verifier"),
+                       asyncio.create_task(self._batcher.run(), name="seed-draft-batcher")]
+
+    async def _stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for pool in (self._draft_pool, self._batch_pool, self._target_pool):
+            pool.shutdown(wait=False)
+        self._queue = None
+
+    async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...], n_workers: int | None = None,
+                  verify_batch: int | None = 1, draft_batch: int | None = 1) -> list[dict]:
+        """Generate every sequence of one call; returns the call's event timeline."""
+        _check_batches(n_workers, verify_batch, draft_batch)
+        # a k_config is the `fixed` policy of that shape
+        policy = policy if isinstance(policy, DraftPolicy) else FixedPolicy(policy)
+        call = _Call(policy, verify_batch, draft_batch)
         # event times are relative to this instant; its absolute clock lets a trace place them exactly
-        self.events.append({"type": "start", "t": 0.0, "clock": self._t0})
-        n_workers = min(self.n_workers or len(seqs), len(seqs))
-        n_threads = min(n_workers, MAX_DRAFT_THREADS)
-        streams = _Streams(self.engine.target.device)
-        queue = VerifyQueue()
-        slots = asyncio.Semaphore(n_workers)
-        with ThreadPoolExecutor(n_threads, thread_name_prefix="seed-draft") as draft_pool, \
-                ThreadPoolExecutor(1, thread_name_prefix="seed-target") as target_pool:
-            workers = [asyncio.create_task(self._draft_worker(seq, queue, slots, draft_pool, streams),
-                                           name=f"draft-worker-{seq.index}") for seq in seqs]
-            verifier = asyncio.create_task(self._verifier(queue, target_pool, streams), name="verifier")
-            try:
-                await asyncio.gather(*workers)
-            except BaseException:
-                for task in workers + [verifier]:
-                    task.cancel()
-                await asyncio.gather(*workers, verifier, return_exceptions=True)
-                raise
-            await queue.close()
-            await verifier
+        call.events.append({"type": "start", "t": 0.0, "clock": call.t0})
+        if self._active == 0:
+            self._start()
+        self._active += 1
+        slots = asyncio.Semaphore(min(n_workers or len(seqs), len(seqs)))
+        workers = [asyncio.create_task(self._draft_worker(seq, call, slots), name=f"draft-worker-{seq.index}")
+                   for seq in seqs]
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                await self._stop()
         for seq in seqs:
-            seq.stats.events = self.events
+            seq.stats.events = call.events
+        return call.events
 
-    async def _draft_worker(self, seq: Sequence, queue: VerifyQueue, slots: asyncio.Semaphore,
-                            pool: ThreadPoolExecutor, streams: _Streams) -> None:
+    async def _draft_worker(self, seq: Sequence, call: _Call, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
         engine = self.engine
         async with slots:
             while not seq.done:
-                start = self._now()
+                start = call.now()
                 try:
-                    tree, node_entry = await loop.run_in_executor(
-                        pool, streams.run, draft_round, engine.draft, seq, self.k_config, self.params,
-                        engine.vocab_size)
+                    if call.draft_batch == 1:
+                        tree, node_entry = await loop.run_in_executor(
+                            self._draft_pool, self._streams.run, draft_round, engine.draft, seq, call.policy,
+                            seq.rule.params, engine.vocab_size)
+                    else:
+                        tree, node_entry = await self._batcher.draft(seq, call.policy, call.draft_batch)
                 except Exception as err:
                     raise SeedError(f"draft worker for sequence {seq.index} failed: {err!r}") from err
-                end = self._now()
-                self.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
+                end = call.now()
+                call.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
                                     "tokens": len(tree)})
-                job = VerifyJob(seq, tree, node_entry, end)
-                await queue.push(job)
-                self.events.append({"type": "enqueue", "worker": seq.index, "t": self._now(), "queue_len": len(queue)})
+                job = VerifyJob(seq, tree, node_entry, end, call)
+                await self._queue.push(job)
+                call.events.append({"type": "enqueue", "worker": seq.index, "t": call.now(),
+                                    "queue_len": len(self._queue)})
                 await job.verified.wait()
                 if job.error is not None:
                     raise SeedError(f"verification of sequence {seq.index} failed: {job.error!r}") from job.error
 
-    async def _verifier(self, queue: VerifyQueue, pool: ThreadPoolExecutor, streams: _Streams) -> None:
+    async def _verifier(self) -> None:
         loop = asyncio.get_running_loop()
-        engine = self.engine
         while True:
-            jobs = await queue.pop(self.verify_batch)
+            jobs = await self._queue.pop()
             if jobs is None:
                 return
-            self.events.append({"type": "queue", "t": self._now(), "queue_len": len(queue)})
-            start = self._now()
-            try:
-                accepted = await loop.run_in_executor(
-                    pool, streams.run, verify_batch_round, engine.target,
-                    [(j.seq, j.tree, j.node_entry) for j in jobs], self.params, engine.vocab_size)
-            except Exception as err:  # hand the failure to the waiting workers, who raise it
-                for job in jobs:
-                    job.error = err
-                    job.verified.set()
-                continue
-            end = self._now()
-            for job, acc in zip(jobs, accepted):
-                self.events.append({"type": "verify", "worker": job.seq.index, "start": start, "end": end,
-                                    "enqueued": job.enqueued, "accepted": len(acc.path),
-                                    "resampled": acc.resampled, "batch": len(jobs)})
+            calls = {id(j.call): j.call for j in jobs}.values()
+            starts = {id(c): c.now() for c in calls}
+            for c in calls:
+                c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
+            outcomes = await loop.run_in_executor(self._target_pool, self._streams.run, _verify_isolated,
+                                                  self.engine.target, jobs, self.engine.vocab_size)
+            for job, outcome in zip(jobs, outcomes):
+                if isinstance(outcome, Exception):  # confined to this job's sequence
+                    job.error = outcome
+                else:
+                    job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
+                    job.call.events.append({
+                        "type": "verify", "worker": job.seq.index, "start": starts[id(job.call)],
+                        "end": job.call.now(), "enqueued": job.enqueued, "accepted": len(outcome.path),
+                        "resampled": outcome.resampled, "batch": len(jobs)})
                 job.verified.set()
 
+
+def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:
+    """Verify the jobs in one target forward; a failure ends only the sequences it belongs to.
+    If the shared forward fails (nothing is committed then), each job is retried alone, so one bad
+    row cannot take down other callers' rows. Returns an Acceptance or the exception, per job."""
+    rows = [(j.seq, j.tree, j.node_entry) for j in jobs]
+    try:
+        scored = score_rows(model, rows)
+    except Exception as err:
+        if len(jobs) == 1:
+            return [err]
+        log.warning("a batched verification of %d sequences failed (%r); verifying them one by one", len(jobs), err)
+        return [outcome for job in jobs for outcome in _verify_isolated(model, [job], vocab_size)]
+    outcomes = []
+    for row, score in zip(rows, scored):
+        try:
+            outcomes.append(accept_row(row, score, None, vocab_size))
+        except Exception as err:
+            outcomes.append(err)
+    return outcomes

@@ -1,6 +1,7 @@
 """One speculative round of one sequence, written straight through (after gpt-fast's generate.py).
 
-    draft_round   the draft model grows a tree (k_config[d] children per node at depth d+1)
+    draft_round   the draft model grows the tree a DraftPolicy plans (engine/policies; the `fixed`
+                  policy: k_config[d] children per node at depth d+1)
     verify_round  the target scores every tree node in one forward, accept_tokens walks the tree,
                   both caches keep only the accepted path
 AR is the same round with an empty tree; SD is a chain k_config; MCSD a wider tree; SEED schedules
@@ -9,12 +10,15 @@ these two halves of many sequences on different threads.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from .draft_tree import DraftTree
 from .kv_cache import forward_batch
 from .params import SamplingParams
+from .policies.base import DraftPolicy
+from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
 from .verify import Acceptance, accept_tokens
@@ -33,44 +37,22 @@ def prefill(model, kv, prompt: list[int]) -> None:
 
 
 @torch.inference_mode()
-def draft_round(model, seq: Sequence, k_config: tuple[int, ...], params: SamplingParams,
+def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], params: SamplingParams,
                 vocab_size: int) -> tuple[DraftTree, dict[int, int]]:
-    """Grow the draft tree level by level (one draft forward per level but the last).
-    Returns the tree and, per tree node fed to the draft model, its draft-cache entry."""
+    """Run one draft round of `policy` (a DraftPolicy, or a k_config: the `fixed` policy) for one
+    sequence, one draft forward per step the policy asks for. Returns the tree and, per tree node
+    fed to the draft model, its draft-cache entry."""
+    if not isinstance(policy, DraftPolicy):
+        policy = FixedPolicy(policy)
     kv = seq.draft
     start = time.perf_counter()
-    remaining = params.max_new_tokens - len(seq.generated)
-    k_config = k_config[: max(1, remaining)]  # no point drafting past the budget
-    pending = seq.pending(kv)
-    logits = kv.forward(model, pending, _chain_parents(len(pending)))
-    seq.stats.draft_forwards += 1
-    frontier = [(-1, logits[-1])]  # (node, draft logits for its children)
-    parents, tokens, probs = [], [], []
-    node_entry: dict[int, int] = {}
-    for depth, width in enumerate(k_config):
-        level = []
-        for node, node_logits in frontier:
-            q = process_logits(node_logits, params, vocab_size)
-            if params.greedy:  # deterministic candidates: the draft's top-`width` tokens
-                picks = torch.topk(node_logits[:vocab_size].float(), width).indices.tolist()
-            else:  # `width` draws without replacement from q (what the verifier assumes)
-                n = min(width, int((q > 0).sum()))
-                picks = torch.multinomial(q, n, replacement=False, generator=seq.generator).tolist()
-            for tok in picks:
-                parents.append(node)
-                tokens.append(tok)
-                probs.append(q)
-                level.append(len(tokens) - 1)
-        if depth == len(k_config) - 1:
-            break
-        entry_of_parent = [node_entry.get(parents[n], len(pending) - 1) for n in level]
-        first = len(kv.parents)
-        logits = kv.forward(model, [tokens[n] for n in level], entry_of_parent)
+    rnd = policy.begin(seq, params, vocab_size)
+    feed = rnd.first_feed()
+    while feed is not None:
+        logits = kv.forward(model, feed.tokens, feed.parents)
         seq.stats.draft_forwards += 1
-        for j, n in enumerate(level):
-            node_entry[n] = first + j
-        frontier = [(n, logits[j]) for j, n in enumerate(level)]
-    tree = DraftTree(parents, tokens, torch.stack(probs))
+        feed = rnd.step(logits, policy.capture.take() if rnd.needs_hidden else None)
+    tree, node_entry = rnd.finish()
     seq.stats.drafted += len(tree)
     seq.stats.draft_depth += tree.depth()
     seq.stats.draft_busy_s += time.perf_counter() - start
@@ -88,18 +70,45 @@ def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, 
 
 
 @torch.inference_mode()
-def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], params: SamplingParams,
+def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], params: SamplingParams | None,
                        vocab_size: int) -> list[Acceptance]:
-    """verify_round for several sequences in one padded target forward; lossless per sequence."""
-    if len(jobs) == 1:
-        return [verify_round(model, jobs[0][0], jobs[0][1], params, vocab_size, jobs[0][2])]
+    """verify_round for several sequences in one padded target forward; lossless per sequence.
+    params None: each sequence is verified with its own call's sampling params."""
+    scored = score_rows(model, jobs)
+    return [accept_row(job, row, params, vocab_size) for job, row in zip(jobs, scored)]
+
+
+@dataclass
+class ScoredRow:
+    """One sequence's share of a target forward: its logits, where its tree starts, its busy share."""
+
+    logits: torch.Tensor
+    n_pending: int
+    busy_s: float
+    rows: int
+
+
+@torch.inference_mode()
+def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) -> list[ScoredRow]:
+    """The target forward of a verification (one row: KVCache.forward, several: forward_batch).
+    Nothing is committed yet, so a failure here leaves every sequence as it was."""
     start = time.perf_counter()
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
-    all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
-                               [p for _, p, _ in inputs])
+    if len(jobs) == 1:
+        all_logits = [jobs[0][0].target.forward(model, inputs[0][0], inputs[0][1])]
+    else:
+        all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
+                                   [p for _, p, _ in inputs])
     busy = time.perf_counter() - start
-    return [_accept_and_commit(seq, tree, node_entry, logits, n_p, busy, len(jobs), params, vocab_size)
-            for (seq, tree, node_entry), logits, (_, _, n_p) in zip(jobs, all_logits, inputs)]
+    return [ScoredRow(logits, n_p, busy, len(jobs)) for logits, (_, _, n_p) in zip(all_logits, inputs)]
+
+
+@torch.inference_mode()
+def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, params: SamplingParams | None,
+               vocab_size: int) -> Acceptance:
+    seq, tree, node_entry = job
+    return _accept_and_commit(seq, tree, node_entry, row.logits, row.n_pending, row.busy_s, row.rows,
+                              params or seq.rule.params, vocab_size)
 
 
 def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
@@ -128,6 +137,8 @@ def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int
 def _commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:
     """The draft cache keeps its pending tokens and the accepted nodes it had already fed."""
     if seq.draft is not None and node_entry is not None:
-        n_draft_pending = len(seq.draft.parents) - len(node_entry)
+        # the pending tokens it was fed this round (none when a policy drafted nothing); a policy may
+        # also have fed nodes it left out of the tree (OPT-Tree), so count from the tokens, not the nodes
+        n_draft_pending = min(len(seq.tokens) - seq.draft.committed, len(seq.draft.parents))
         fed_path = [node_entry[i] for i in acc.path if i in node_entry]
         seq.draft.commit(list(range(n_draft_pending)) + fed_path)

@@ -8,6 +8,11 @@ The first accepted child becomes the new node; if every child is rejected the ne
 from the residual p; a leaf whose children are all accepted yields a bonus token drawn from p.
 This is speculative sampling (Leviathan et al. 2023) on a chain and multi-candidate speculative
 sampling (Yang et al. 2024) on a tree, and the output has exactly the target's distribution.
+Deterministic children (picked by a policy, not drawn from q) use the same rule with a one-hot
+proposal without replacement: accept child c with probability residual(c), and on rejection
+zero c in the residual and renormalise -- so c is accepted with probability p(c) given that the
+candidates before it were rejected. The ratio test against q would be biased for them (q(x) = 0.9,
+p(x) = 0.5 would accept 0.556 of the time instead of 0.5).
 Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
 """
 from __future__ import annotations
@@ -53,11 +58,18 @@ def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
             path.append(match)
             node = match
             continue
+        if tree.deterministic(kids[0]):
+            found, residual = _try_deterministic(tree, kids, p, generator)
+            if found is not None:
+                path.append(found)
+                node = found
+                continue
+            return Acceptance(path, [tree.tokens[i] for i in path] + [sample(residual, generator)], True)
         residual = p.clone()
-        q = tree.draft_probs[kids[0]].clone()
+        q = tree.q(kids[0]).clone()
         for c in kids:
             if not tree.without_replacement:
-                q = tree.draft_probs[c]
+                q = tree.q(c)
             x = tree.tokens[c]
             u = torch.rand((), generator=generator, dtype=residual.dtype)
             if q[x] > 0 and u * q[x] < residual[x]:  # u < p(x)/q(x), without dividing by zero
@@ -73,3 +85,20 @@ def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
             if residual.sum() <= 0:  # only reachable through float round-off when p == q
                 residual = p
             return Acceptance(path, [tree.tokens[i] for i in path] + [sample(residual, generator)], True)
+
+
+def _try_deterministic(tree: DraftTree, kids: list[int], p: torch.Tensor,
+                       generator: torch.Generator | None) -> tuple[int | None, torch.Tensor]:
+    """One-hot proposals without replacement: the accepted child, or None and the residual."""
+    residual = p.clone()
+    for c in kids:
+        x = tree.tokens[c]
+        u = torch.rand((), generator=generator, dtype=residual.dtype)
+        if u < residual[x]:
+            return c, residual
+        if residual[x] > 0:
+            residual[x] = 0
+            residual = _normalise(residual)
+    if residual.sum() <= 0:  # the candidates covered all of p's mass: only reachable through round-off
+        residual = p
+    return None, residual

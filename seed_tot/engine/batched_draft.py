@@ -1,0 +1,113 @@
+"""Batched drafting: many sequences' draft rounds, one draft forward per draft step.
+
+SEED keeps one logical draft worker per sequence (it drafts, pushes its tree into the VerifyQueue,
+waits for its verification, drafts again), but a forward that carries one row wastes the
+hardware: on the 2-core CPU a 9-row draft step of the 0.5B draft costs 2.6x one row, not 9x
+(issue 10's cost table), and on a GPU a small draft is launch-bound. So the workers that are ready
+at the same time hand their rounds to one `DraftBatcher`, which runs every round's next feed in a
+single `forward_batch` (each row with its own tree and 4D mask) until all rounds are finished.
+
+Each round is the same `DraftPolicy` state machine the single-row driver runs, fed the same logits
+(up to float round-off of a padded batch) and drawing from its own sequence's generator, so a
+sequence's draft does not depend on which rows share its forwards.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from .draft_tree import DraftTree
+from .kv_cache import forward_batch
+from .policies.base import DraftPolicy
+from .sequence import Sequence
+from .speculative import draft_round
+
+
+@torch.inference_mode()
+def draft_batch_round(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int
+                      ) -> list[tuple[DraftTree, dict[int, int]]]:
+    """One draft round for every (sequence, its call's policy), one batched draft forward per step of
+    the longest round. Each sequence drafts with its own call's sampling params (`seq.rule.params`)."""
+    if len(rows) == 1 or any(policy.capture is not None for _, policy in rows):
+        # one row needs no padding; a policy reading hidden states captures them per forward
+        return [draft_round(model, seq, policy, seq.rule.params, vocab_size) for seq, policy in rows]
+    seqs = [seq for seq, _ in rows]
+    start = time.perf_counter()
+    rounds = [policy.begin(seq, seq.rule.params, vocab_size) for seq, policy in rows]
+    feeds = [r.first_feed() for r in rounds]
+    while True:
+        active = [i for i, feed in enumerate(feeds) if feed is not None]
+        if not active:
+            break
+        logits = forward_batch(model, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
+                               [feeds[i].parents for i in active], what="batched drafting (draft_batch > 1)")
+        for i, row_logits in zip(active, logits):
+            seqs[i].stats.draft_forwards += 1 / len(active)  # one forward shared by the active rows
+            feeds[i] = rounds[i].step(row_logits, None)
+    busy = time.perf_counter() - start
+    out = []
+    for seq, rnd in zip(seqs, rounds):
+        tree, node_entry = rnd.finish()
+        seq.stats.drafted += len(tree)
+        seq.stats.draft_depth += tree.depth()
+        seq.stats.draft_busy_s += busy / len(seqs)
+        out.append((tree, node_entry))
+    return out
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    policy: DraftPolicy
+    max_rows: int | None  # its call's draft_batch (None: every ready worker)
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class DraftBatcher:
+    """Gathers the draft workers that are ready and drafts them in batched rounds, FCFS, up to the
+    head request's draft_batch rows per round.
+
+    Continuous batching on the draft side: while a batched round runs in the draft thread, workers
+    whose verification comes back queue up, and the next round takes them.
+    """
+
+    def __init__(self, model, vocab_size: int, pool: ThreadPoolExecutor, run_in_stream):
+        self.model, self.vocab_size = model, vocab_size
+        self.pool, self.run_in_stream = pool, run_in_stream
+        self._waiting: list[_Request] = []
+        self._wake = asyncio.Event()
+
+    async def draft(self, seq: Sequence, policy: DraftPolicy, max_rows: int | None) -> tuple[DraftTree, dict[int, int]]:
+        request = _Request(seq, policy, max_rows)
+        self._waiting.append(request)
+        self._wake.set()
+        return await request.done
+
+    async def run(self) -> None:
+        """The drafting loop; cancel it when every worker has finished."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting:
+                self._waiting = [r for r in self._waiting if not r.done.done()]  # drop cancelled workers
+                take = self._waiting[0].max_rows if self._waiting else 0
+                take = len(self._waiting) if take is None else take
+                batch, self._waiting = self._waiting[:take], self._waiting[take:]
+                if not batch:
+                    break
+                try:
+                    drafts = await loop.run_in_executor(self.pool, self.run_in_stream, draft_batch_round, self.model,
+                                                        [(r.seq, r.policy) for r in batch], self.vocab_size)
+                except Exception as err:  # each waiting worker raises it, naming its sequence
+                    for r in batch:
+                        if not r.done.done():
+                            r.done.set_exception(err)
+                    continue
+                for r, draft in zip(batch, drafts):
+                    if not r.done.done():  # a cancelled worker has stopped waiting
+                        r.done.set_result(draft)

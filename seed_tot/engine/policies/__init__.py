@@ -1,0 +1,77 @@
+"""Draft policies: how each sequence's draft tree is planned, round by round.
+
+    fixed     today's k_config shapes (the default; sd uses a chain of len(k_config))
+    opt-tree  OPT-Tree's adaptive tree: the n nodes of largest path probability, grown until a
+              layer adds less than delta to the expected accepted length (opt_tree.py)
+    specdec   SpecDec++: a chain that stops once a trained head predicts a rejection is likely
+              enough (specdec.py; the head: head.py, trained by `seed-tot train-head`)
+    auto      cost-aware: calibrated forward costs and a running acceptance estimate choose the
+              draft length that maximizes tokens per second, including no draft at all (auto.py)
+
+The interface (base.py), designed so that a batched scheduler can drive many rows at once:
+    policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
+    round.first_feed() -> Feed | None                        entries for the draft (None: no draft)
+    round.step(logits, hidden) -> Feed | None                after each draft forward; the next feed
+    round.finish() -> (DraftTree, node_entry)                 the tree to verify and, per node fed to
+                                                             the draft, its draft-cache entry
+    policy.observe(seq, tree, acceptance)                     after verification (estimates, records)
+A round never calls a model: the driver runs `seq.draft.forward(model, feed.tokens, feed.parents)`
+(speculative.draft_round for one sequence), so a scheduler can put many rows' feeds into one
+forward. `round.needs_hidden` asks for the draft's final hidden states of the fed entries
+(`policy.capture`, a thread-local lm_head pre-hook, provides them in the single-row driver).
+Per-sequence state lives in the policy keyed by the sequence object and is dropped when the
+sequence is done; nothing here starts threads or holds locks.
+
+Picked (not sampled) candidates are marked deterministic in the DraftTree, and the verifier uses
+the rule that is exact for them (verify.py), so every policy is lossless.
+"""
+from __future__ import annotations
+
+import inspect
+
+from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
+from .fixed import FixedPolicy
+
+POLICIES = ("fixed", "opt-tree", "specdec", "auto")
+
+__all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "make_policy",
+           "parse_policy_options"]
+
+
+def parse_policy_options(pairs) -> dict[str, str]:
+    """KEY=VALUE strings (the command line's --policy-option) -> a dict; values stay strings."""
+    options: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"policy option {pair!r} is not KEY=VALUE")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
+def _policy_class(name: str):
+    if name == "fixed":
+        return FixedPolicy
+    if name == "opt-tree":
+        from .opt_tree import OptTreePolicy
+        return OptTreePolicy
+    if name == "specdec":
+        from .specdec import SpecDecPolicy
+        return SpecDecPolicy
+    if name == "auto":
+        from .auto import AutoPolicy
+        return AutoPolicy
+    raise ValueError(f"unknown draft policy {name!r}; expected one of {', '.join(POLICIES)}")
+
+
+def make_policy(name: str, options: dict | None, engine, k_config: tuple[int, ...], params) -> DraftPolicy:
+    """Build a named policy for `engine`. Options come from policy_options / --policy-option;
+    an unknown key is an error naming the keys the policy takes."""
+    cls = _policy_class(name)
+    options = dict(options or {})
+    accepted = [p for p in inspect.signature(cls.from_options).parameters if p not in ("engine", "k_config", "params")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"draft policy {name!r} has no option {', '.join(unknown)}; "
+                         f"it takes {', '.join(accepted) or 'no options'}")
+    return cls.from_options(engine=engine, k_config=k_config, params=params, **options)

@@ -1,0 +1,174 @@
+"""The DraftPolicy seam: a policy plans one sequence's draft round step by step.
+
+The interface is a small state machine so that a driver owns every model forward:
+
+    round = policy.begin(seq, params, vocab_size)      # per sequence, per round
+    feed = round.first_feed()                          # None: draft nothing this round
+    while feed is not None:
+        logits = seq.draft.forward(model, feed.tokens, feed.parents)   # a scheduler may batch rows
+        feed = round.step(logits, hidden)              # hidden: final hidden states if round.needs_hidden
+    tree, node_entry = round.finish()
+    ... verify ...
+    policy.observe(seq, tree, acceptance)
+
+`run_draft` below is the single-sequence driver; a batched scheduler runs the same loop for many
+rows with one forward per draft step. A round never touches the target and keeps no threads.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ..draft_tree import DETERMINISTIC, DraftTree
+from ..params import SamplingParams
+from ..sampling import process_logits
+
+
+@dataclass
+class Feed:
+    """Entries to feed the draft model: tokens and their parents as `KVCache.forward` takes them."""
+
+    tokens: list[int]
+    parents: list[int]
+
+
+class DraftRound:
+    """One sequence's draft round. Subclasses implement `first_feed`, `step` and `finish`."""
+
+    needs_hidden = False  # SpecDec++ reads the draft's final hidden states
+
+    def first_feed(self) -> Feed | None:
+        raise NotImplementedError
+
+    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[DraftTree, dict[int, int]]:
+        raise NotImplementedError
+
+
+def option(policy: str, key: str, value, kind: type, low: float | None = None):
+    """One policy option (a string from the command line, or a number from Python) as `kind`."""
+    try:
+        out = kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft policy {policy!r}: option {key}={value!r} is not a{'n' if kind is int else ''} "
+                         f"{kind.__name__}") from None
+    if low is not None and out < low:
+        raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be >= {low:g}")
+    return out
+
+
+class DraftPolicy:
+    """Turns a sequence's draft state into rounds; keeps per-sequence estimates between rounds."""
+
+    name = "policy"
+    capture = None  # a HiddenCapture when rounds need the draft's hidden states
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        raise NotImplementedError
+
+    def observe(self, seq, tree: DraftTree, acceptance) -> None:
+        """Called after each verification with what the target accepted (default: nothing to learn)."""
+        self.records.append(round_record(seq, tree, acceptance))
+
+    @property
+    def records(self) -> list[dict]:
+        """Per round: sequence, nodes, depth, E(A) where the policy estimates it, tokens realized."""
+        if not hasattr(self, "_records"):
+            self._records: list[dict] = []
+        return self._records
+
+
+def round_record(seq, tree: DraftTree, acceptance) -> dict:
+    return {"seq": seq.index, "drafted": len(tree), "depth": tree.depth(), "expected_tokens": tree.expected_tokens(),
+            "tokens": len(acceptance.tokens), "accepted": len(acceptance.path)}
+
+
+class TreeBuilder:
+    """Bookkeeping shared by the rounds: the tree so far, its q rows and which node sits at which
+    draft-cache entry. The first feed is the tokens the draft cache has not seen (entries
+    base..base+n_pending-1, a chain); the root's children hang off the last of them."""
+
+    def __init__(self, seq, params: SamplingParams, vocab_size: int):
+        self.seq, self.params, self.vocab_size = seq, params, vocab_size
+        self.parents: list[int] = []
+        self.tokens: list[int] = []
+        self.q_index: list[int] = []
+        self.q_rows: list[torch.Tensor] = []
+        self.path_probs: list[float] = []
+        self.node_entry: dict[int, int] = {}
+        self.next_entry = len(seq.draft.parents)
+        self.root_entry = -1
+        self.remaining = params.max_new_tokens - len(seq.generated)
+
+    def pending_feed(self) -> Feed:
+        pending = self.seq.pending(self.seq.draft)
+        base = self.next_entry
+        parents = [base + i - 1 if i else -1 for i in range(len(pending))]  # a chain off the prefix
+        self.root_entry = base + len(pending) - 1
+        self.next_entry = base + len(pending)
+        return Feed(pending, parents)
+
+    def add(self, parent: int, token: int, q: torch.Tensor | None, path_prob: float = 0.0) -> int:
+        """A node; q is the row it was sampled from (the same tensor object for siblings), None if picked."""
+        if q is None:
+            self.q_index.append(DETERMINISTIC)
+        else:
+            if not self.q_rows or self.q_rows[-1] is not q:
+                self.q_rows.append(q)
+            self.q_index.append(len(self.q_rows) - 1)
+        self.parents.append(parent)
+        self.tokens.append(token)
+        self.path_probs.append(path_prob)
+        return len(self.tokens) - 1
+
+    def feed_nodes(self, nodes: list[int]) -> Feed:
+        parents = [self.node_entry.get(self.parents[n], self.root_entry) for n in nodes]
+        for n in nodes:
+            self.node_entry[n] = self.next_entry
+            self.next_entry += 1
+        return Feed([self.tokens[n] for n in nodes], parents)
+
+    def tree(self, nodes: list[int] | None = None, with_path_probs: bool = False) -> tuple[DraftTree, dict[int, int]]:
+        """The tree (optionally only `nodes`, a parent-closed subset, renumbered in order)."""
+        keep = list(range(len(self.tokens))) if nodes is None else sorted(nodes)
+        new = {old: i for i, old in enumerate(keep)}
+        rows = sorted({self.q_index[o] for o in keep if self.q_index[o] != DETERMINISTIC})
+        row_of = {r: i for i, r in enumerate(rows)}
+        probs = (torch.stack([self.q_rows[r] for r in rows]) if rows
+                 else torch.empty(0, self.vocab_size))
+        tree = DraftTree([new[self.parents[o]] if self.parents[o] >= 0 else -1 for o in keep],
+                         [self.tokens[o] for o in keep], probs, True,
+                         [row_of.get(self.q_index[o], DETERMINISTIC) for o in keep],
+                         [self.path_probs[o] for o in keep] if with_path_probs else None)
+        entries = {new[o]: e for o, e in self.node_entry.items() if o in new}
+        return tree, entries
+
+    def q(self, logits: torch.Tensor) -> torch.Tensor:
+        return process_logits(logits, self.params, self.vocab_size)
+
+
+class HiddenCapture:
+    """The draft's final hidden states (the lm_head's input) of the current thread's last forward.
+    A forward pre-hook, so the stock model and `KVCache.forward` stay as they are; thread-local
+    because SEED runs several sequences' draft forwards on different threads at once."""
+
+    def __init__(self, model):
+        self._local = threading.local()
+        self._handle = model.get_output_embeddings().register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args) -> None:
+        self._local.hidden = args[0][0].detach()
+
+    def take(self) -> torch.Tensor:
+        hidden = getattr(self._local, "hidden", None)
+        if hidden is None:
+            raise RuntimeError("no hidden state was captured: the draft forward did not reach its output layer")
+        self._local.hidden = None
+        return hidden
+
+    def remove(self) -> None:
+        self._handle.remove()

@@ -1,0 +1,186 @@
+"""Batched SEED: ready draft workers share draft forwards, queued drafts share target forwards, and
+the output is still exactly the target's (greedy tokens; sampled distribution; per-seed samples)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import CharTokenizer, noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine import speculative, summarize
+from seed_tot.engine.seed import SeedError
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_model("qwen2", seed=7)
+    return target, noisy_copy(target, 0.005)
+
+
+@pytest.mark.parametrize("draft_batch,verify_batch", [(1, 1), (3, 1), (3, 3), (None, 1), (None, None), (1, None)])
+@pytest.mark.parametrize("k_config", [(1, 1, 1), (2, 2, 1)])
+def test_batched_seed_greedy_equals_target_alone(setup, k_config, draft_batch, verify_batch):
+    target, draft = setup
+    prompts = [[4, 4, 2], [4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
+    refs = [reference_greedy(target, p, MAX_NEW) for p in prompts]
+    results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=MAX_NEW, temperature=0),
+                                             mode="seed", k_config=k_config, draft_batch=draft_batch,
+                                             verify_batch=verify_batch)
+    assert [r.token_ids for r in results] == refs
+
+
+@pytest.mark.parametrize("draft_batch", [2, None])
+def test_batched_drafting_with_rows_stopping_at_different_times(draft_batch):
+    """EOS after 2 tokens, a stop string, and the token budget end rows at different rounds while
+    the others keep sharing forwards."""
+    target = tiny_model("llama", seed=30)
+    prompts = [[7, 1], [2, 9, 9, 4], [5, 5], [3]]
+    eos = reference_greedy(target, prompts[0], 30)[1]  # sequence 0 ends after 2 tokens
+    target.generation_config.eos_token_id = eos
+    tok = CharTokenizer(eos_token_id=eos)
+    refs = [reference_greedy(target, p, 30) for p in prompts]
+    stop_text = tok.decode(refs[1][3:5])  # sequence 1 stops at a string of its own output
+    params = SamplingParams(max_new_tokens=30, temperature=0, stop=(stop_text,))
+    engine = Engine(target, noisy_copy(target, 0.005), tokenizer=tok)
+    alone = [engine.generate([p], params, mode="sd")[0] for p in prompts]
+    results = engine.generate(prompts, params, mode="seed", k_config=(2, 1, 1), draft_batch=draft_batch,
+                              verify_batch=None)
+    assert [r.token_ids for r in results] == [a.token_ids for a in alone]
+    assert [r.finish_reason for r in results] == [a.finish_reason for a in alone]
+    assert {r.finish_reason for r in results} >= {"eos", "stop"}
+
+
+def test_batched_seed_sampling_reproduces_sd_for_the_same_seed(setup):
+    """Each row drafts from its own generator in its own order: batching changes no sample."""
+    target, draft = setup
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=20, seed=3)
+    prompts = [[1, 2, 3]] * 4 + [[8, 6]] * 2
+    engine = Engine(target, draft)
+    sd = engine.generate(prompts, params, mode="sd", k_config=(1, 1, 1))
+    for draft_batch, verify_batch in ((None, None), (2, 3)):
+        seeded = engine.generate(prompts, params, mode="seed", k_config=(1, 1, 1), draft_batch=draft_batch,
+                                 verify_batch=verify_batch)
+        assert [r.token_ids for r in sd] == [r.token_ids for r in seeded]
+
+
+def test_batched_drafting_really_shares_draft_forwards(setup):
+    target, draft = setup
+    prompts = [[4, 4, 2]] * 6
+    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
+    engine = Engine(target, draft)
+    one = summarize(engine.generate(prompts, params, mode="seed", draft_batch=1, verify_batch=1))
+    batched = summarize(engine.generate(prompts, params, mode="seed", draft_batch=None, verify_batch=None))
+    assert batched.verifications == one.verifications  # same rounds (same tokens, same acceptance)
+    assert batched.draft_forwards < one.draft_forwards / 2
+    assert batched.target_forwards < one.target_forwards / 2
+
+
+def test_batched_verification_pops_in_arrival_order(setup):
+    target, draft = setup
+    results = Engine(target, draft).generate([[1, 2, 3]] * 5, SamplingParams(max_new_tokens=10, temperature=0),
+                                             mode="seed", draft_batch=2, verify_batch=3)
+    events = results[0].stats.events
+    enqueued = [e["worker"] for e in events if e["type"] == "enqueue"]
+    verified = [e["worker"] for e in events if e["type"] == "verify"]
+    assert verified == enqueued
+
+
+def _concurrently(engine, calls):
+    async def run():
+        return await asyncio.gather(*(engine.agenerate(prompts, params, mode="seed", **kw) for prompts, params, kw in calls))
+    return asyncio.run(run())
+
+
+def test_concurrent_callers_share_forwards_and_each_gets_what_it_gets_alone(setup):
+    target, draft = setup
+    engine = Engine(target, draft)
+    calls = [([[4, 4, 2]] * 3, SamplingParams(max_new_tokens=MAX_NEW, temperature=0), dict(verify_batch=None, draft_batch=None)),
+             ([[9], [3, 1, 4]], SamplingParams(max_new_tokens=10, temperature=0.8, top_k=10, seed=5),
+              dict(verify_batch=None, draft_batch=None, k_config=(2, 1))),
+             ([[7, 7, 7, 7]] * 2, SamplingParams(max_new_tokens=12, temperature=1.0, seed=9), dict(verify_batch=2, draft_batch=1))]
+    alone = [engine.generate(prompts, params, mode="seed", **kw) for prompts, params, kw in calls]
+    together = _concurrently(engine, calls)
+    for a, t in zip(alone, together):
+        assert [r.token_ids for r in a] == [r.token_ids for r in t]
+    # the calls really shared target forwards: some verification carried more rows than its call has
+    assert any(e["batch"] > len(prompts) for (prompts, _, _), results in zip(calls, together)
+               for e in results[0].stats.events if e["type"] == "verify")
+    assert engine._seed_schedulers == {} or all(s._active == 0 for s in engine._seed_schedulers.values())
+
+
+def test_a_failing_sequence_ends_only_its_own_call(setup, monkeypatch):
+    """One caller's sequence fails inside a shared verification; the other caller's sequences,
+    verified in the same forwards, finish exactly as they would alone, and nothing hangs."""
+    target, draft = setup
+    engine = Engine(target, draft)
+    real = speculative._accept_and_commit
+
+    def fail_for_prompt_90(seq, *args):
+        if seq.prompt == [90, 89] and len(seq.generated) >= 3:
+            raise RuntimeError("injected fault")
+        return real(seq, *args)
+
+    monkeypatch.setattr(speculative, "_accept_and_commit", fail_for_prompt_90)
+    greedy = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
+    good_prompts = [[4, 4, 2], [5, 6]]
+    refs = [reference_greedy(target, p, MAX_NEW) for p in good_prompts]
+
+    async def run():
+        bad = engine.agenerate([[90, 89]] * 2, greedy, mode="seed", verify_batch=None, draft_batch=None)
+        good = engine.agenerate(good_prompts, greedy, mode="seed", verify_batch=None, draft_batch=None)
+        return await asyncio.wait_for(asyncio.gather(bad, good, return_exceptions=True), timeout=120)
+
+    bad, good = asyncio.run(run())
+    assert isinstance(bad, SeedError) and "injected fault" in str(bad)
+    assert [r.token_ids for r in good] == refs
+
+
+def test_synchronous_callers_on_several_threads_share_one_scheduler(setup):
+    """`generate` from several threads (what `solve --concurrency` does) runs on the engine's one
+    loop: the calls share target forwards and each gets exactly its own greedy output."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    target, draft = setup
+    engine = Engine(target, draft)
+    prompt_sets = [[[4, 4, 2]], [[9]], [[3, 1, 4]]]  # one sequence per call: any shared forward is cross-call
+    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(lambda ps: engine.generate(ps, params, mode="seed", verify_batch=None, draft_batch=None),
+                             prompt_sets))
+    for prompts, results in zip(prompt_sets, outs):
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, MAX_NEW) for p in prompts]
+    assert max(e["batch"] for results in outs for e in results[0].stats.events if e["type"] == "verify") > 1
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_batched_and_concurrent_seed_samples_follow_the_target_distribution(concurrent):
+    """2500 sampled continuations through batched drafting and verification (and, concurrent=True,
+    split over 5 concurrent calls sharing the scheduler) lie within the TV bound of the exact
+    target distribution, while the draft's own distribution lies outside it."""
+    from collections import Counter
+
+    from test_sampling_lossless import PROMPT, SAMPLES, VOCAB, exact_distribution, tv, tv_bound
+
+    target = tiny_model("llama", seed=21, vocab=VOCAB)
+    draft = noisy_copy(target, 0.6, seed=22)
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_k=4)
+    exact = exact_distribution(target, params)
+    bound = tv_bound(exact, SAMPLES)
+    assert tv(Counter({s: p * SAMPLES for s, p in exact_distribution(draft, params).items()}), exact, SAMPLES) > bound
+    engine = Engine(target, draft)
+    kw = dict(mode="seed", k_config=(2, 2), draft_batch=None, verify_batch=None)
+    if concurrent:
+        share = SAMPLES // 5
+        calls = [([PROMPT] * share, SamplingParams(max_new_tokens=2, temperature=1.0, top_k=4, seed=i * share), {})
+                 for i in range(5)]
+
+        async def run():
+            return await asyncio.gather(*(engine.agenerate(p, prm, **kw) for p, prm, _ in calls))
+        results = [r for call in asyncio.run(run()) for r in call]
+    else:
+        results = engine.generate([PROMPT] * SAMPLES, params, **kw)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    assert tv(counts, exact, SAMPLES) < bound
