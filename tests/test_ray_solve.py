@@ -274,7 +274,7 @@ def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems,
     assert failed["correct"] is False and failed["prediction"] == ""
     reference_records = by_id(reference(0.0)[0])
     assert {i: untimed(r) for i, r in records.items()} == {i: reference_records[i] for i in records}
-    assert summary["n"] == len(examples)
+    assert summary["n"] == len(examples) and summary["failed"] == 1
 
 
 def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, reference, reference_engine,

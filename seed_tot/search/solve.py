@@ -165,6 +165,9 @@ class ResultsRecorder:
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.mode,
                         "k_config": list(settings.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path)})
+        failed = sum(1 for r in self.records() if "error" in r)  # problems no Ray worker survived
+        if failed:
+            summary["failed"] = failed
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         log.info("%s: %d problems, summary in %s", self.task.name, summary["n"], self.out / SUMMARY_FILE)
         return summary
