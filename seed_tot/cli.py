@@ -123,7 +123,11 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir,
           ray_address, workers, gpus_per_worker, cpus_per_worker):
-    """Solve a dataset with tree-of-thoughts search; results are written as they finish."""
+    """Solve a dataset with tree-of-thoughts search; results are written as they finish.
+
+    TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
+    package.module:ClassName; or a name an installed package registers under the `seed_tot.tasks`
+    entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
 
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
@@ -167,19 +171,32 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
 
 def _task_setup(task_name, config_file, data, limit, offset):
     from seed_tot.search import load_settings, shipped_config
+    from seed_tot.tasks.loading import check_window
+
+    task = _get_task(task_name)
+    if config_file is None:
+        config_file = shipped_config(task.name)
+    settings = load_settings(config_file, base=task.config, task_name=task.name)
+    if data is not None and not Path(data).is_file():
+        raise click.UsageError(f"--data {data}: no such file")
+    try:
+        check_window(limit, offset)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    examples = task.load(data, limit=limit, offset=offset)
+    if not examples:
+        raise click.UsageError(f"no problems to solve: {data or 'the default data of ' + task.name} has none "
+                               f"from --offset {offset}")
+    return task, settings, examples
+
+
+def _get_task(task_name):
     from seed_tot.tasks import get_task
 
     try:
-        task = get_task(task_name)
+        return get_task(task_name)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    if config_file is None:
-        config_file = shipped_config(task.name)
-    settings = load_settings(config_file, base=task.config)
-    if data is not None and not Path(data).is_file():
-        raise click.UsageError(f"--data {data}: no such file")
-    examples = task.load(data, limit=limit, offset=offset)
-    return task, settings, examples
 
 
 @main.command()
@@ -190,18 +207,16 @@ def _task_setup(task_name, config_file, data, limit, offset):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with n, correct and accuracy.")
 def score(task_name, data, predictions, as_json):
     """Rescore saved predictions against the task's data."""
-    from seed_tot.tasks import get_task
-    from seed_tot.tasks.loading import DataError, read_jsonl
+    from seed_tot.tasks.loading import DataError, check_unique_ids, read_jsonl
 
-    try:
-        task = get_task(task_name)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
+    task = _get_task(task_name)
     if data is not None and not Path(data).is_file():
         raise click.UsageError(f"--data {data}: no such file")
     examples = {ex.id: ex for ex in task.load(data)}
+    lines = read_jsonl(predictions, required=("id", "prediction"))
+    check_unique_ids([str(record["id"]) for _, record in lines], [f"{predictions}:{n}" for n, _ in lines])
     rows = []
-    for lineno, record in read_jsonl(predictions, required=("id", "prediction")):
+    for lineno, record in lines:
         example = examples.get(str(record["id"]))
         if example is None:
             raise DataError(f"{predictions}:{lineno}: id {record['id']!r} is not in the task's data")
@@ -213,6 +228,7 @@ def score(task_name, data, predictions, as_json):
     else:
         mean = sum(float(r.get("score", 0.0)) for r in rows) / n if n else 0.0
         out = {"n": n, "mean_score": mean}
+    out["no_prediction"] = len(examples) - n  # data ids the predictions file does not answer
     click.echo(json.dumps(out) if as_json else "  ".join(f"{k}={v}" for k, v in out.items()))
 
 

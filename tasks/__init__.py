@@ -1,13 +1,36 @@
-"""Built-in ToT tasks, written only against the public `seed_tot.search.protocol.Task` protocol."""
+"""Built-in ToT tasks, written only against the public `seed_tot.search.protocol.Task` protocol,
+and the lookup that also finds a user's own tasks (the way lm-eval's --include_path and plugins do):
+
+- a built-in name: gsm8k, creative_writing, blocksworld;
+- `path/to/file.py:ClassName`: a class in a Python file;
+- `package.module:ClassName`: a class in an importable module;
+- a name that an installed package registers in the `seed_tot.tasks` entry-point group, e.g. in
+  its pyproject.toml: `[project.entry-points."seed_tot.tasks"]  game24 = "mypkg.game24:Game24"`.
+
+A class (or any callable) is called without arguments to build the task.
+"""
 from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
 
 from seed_tot.search.protocol import Task
 
 TASK_NAMES = ("gsm8k", "creative_writing", "blocksworld")
+ENTRY_POINT_GROUP = "seed_tot.tasks"
+
+
+class TaskNotFound(ValueError):
+    """A task spec that names no task; the message says what was tried."""
 
 
 def get_task(name: str) -> Task:
-    """A built-in task by name ("creative-writing" and "creative_writing" are the same)."""
+    """A task from a spec (see the module docstring); "creative-writing" == "creative_writing"."""
     key = name.strip().lower().replace("-", "_")
     if key == "gsm8k":
         from .gsm8k import GSM8K
@@ -18,4 +41,63 @@ def get_task(name: str) -> Task:
     if key == "blocksworld":
         from .blocksworld import Blocksworld
         return Blocksworld()
-    raise ValueError(f"unknown task {name!r}; expected one of {', '.join(TASK_NAMES)}")
+    if ":" in name:
+        where, _, attr = name.rpartition(":")
+        return _build(_load_attr(where, attr), name)
+    plugins = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if name in plugins:
+        return _build(plugins[name].load(), f"{name} (entry point {plugins[name].value})")
+    registered = f"; registered by installed packages: {', '.join(sorted(plugins))}" if plugins else ""
+    raise TaskNotFound(f"unknown task {name!r}; expected one of {', '.join(TASK_NAMES)}, "
+                       f"path/to/file.py:ClassName, package.module:ClassName{registered}")
+
+
+def _load_attr(where: str, attr: str) -> Any:
+    if not attr:
+        raise TaskNotFound(f"task {where}:{attr!r}: expected FILE.py:ClassName or module:ClassName")
+    if where.endswith(".py"):
+        module = _import_file(Path(where))
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            raise TaskNotFound(f"task {where}:{attr}: no module named {err.name!r} "
+                               f"(a file path must end in .py)") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TaskNotFound(f"task {where}:{attr}: {where} defines no {attr!r}") from None
+
+
+def _import_file(path: Path) -> Any:
+    if not path.is_file():
+        raise TaskNotFound(f"task file {path}: no such file")
+    # A name of its own, so the user's file can never shadow or replace a real module.
+    module_name = f"seed_tot_user_task_{zlib.crc32(str(path.resolve()).encode()):08x}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    # The file's own directory on sys.path, so it can import its sibling modules.
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
+
+
+def _build(factory: Any, spec: str) -> Task:
+    if not callable(factory):
+        raise TaskNotFound(f"task {spec}: {factory!r} is not a class")
+    task = factory()
+    missing = [m for m in ("name", "config", "load", "thought_prompt", "extend", "value_prompt", "parse_value",
+                           "is_final", "answer_prompt", "prediction", "score") if not hasattr(task, m)]
+    if missing:
+        raise TaskNotFound(f"task {spec}: not a seed_tot Task, it lacks {', '.join(missing)} "
+                           f"(see seed_tot/search/protocol.py)")
+    return task

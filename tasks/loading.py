@@ -10,11 +10,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from seed_tot.search.protocol import DuplicateIdError, check_unique_ids
+
 log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
     """Bad task data: the message names the file, the line and what was expected."""
+
+
+__all__ = ["DataError", "check_unique_ids", "check_window", "load_records", "read_jsonl"]
 
 
 def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = None,
@@ -24,10 +29,13 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
 
     path: a `.jsonl`/`.json` file (one object per line) or, with `text_field`, a text file whose
     every non-empty line becomes `{text_field: line}`. path None: the Hub dataset
-    `hub = (name, config, split)`, which needs network access.
+    `hub = (name, config, split)`, which needs network access. Ids must be unique (checked over
+    the whole source, before `offset`/`limit`): two records with one id are a DataError naming
+    both lines, since a search would solve only one of them and a rescore would mix them up.
     """
     import datasets
 
+    check_window(limit, offset)
     if path is None:
         if hub is None:
             raise DataError("this task has no Hub dataset: pass --data PATH")
@@ -38,32 +46,68 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
             raise DataError(f"could not load the Hub dataset {name} ({config}, {split}): {err}; "
                             f"pass a local file with --data PATH") from err
         records = [dict(r) for r in ds]
+        where = [f"{name} ({config}, {split}) row {i}" for i in range(len(records))]
     else:
         file = Path(path)
         if not file.is_file():
             raise DataError(f"data file {path} does not exist")
         if text_field is not None:
-            _check_text(file)
+            lines = _check_text(file, text_field)
             ds = datasets.load_dataset("text", data_files=str(file), split="train")
             records = [{text_field: r["text"].strip()} for r in ds if r["text"].strip()]
         else:
-            read_jsonl(file, required)
+            rows = read_jsonl(file, required)
+            if not rows:
+                raise DataError(f"{file}: no records (the file is empty or blank); expected one JSON object "
+                                f"per line" + (f" with {', '.join(required)}" if required else ""))
+            lines = [lineno for lineno, _ in rows]
             ds = datasets.load_dataset("json", data_files=str(file), split="train")
             records = [dict(r) for r in ds]
+        where = [f"{file}:{n}" for n in lines]
     for i, record in enumerate(records):
         if record.get("id") is None:
             record["id"] = str(i)
         else:
             record["id"] = str(record["id"])
+    try:
+        check_unique_ids([r["id"] for r in records], where)
+    except DuplicateIdError as err:
+        raise DataError(str(err)) from None
+    if records and offset >= len(records):
+        raise DataError(f"--offset {offset} is past the end: {path or hub[0]} has {len(records)} records")
     end = None if limit is None else offset + limit
     return records[offset:end]
 
 
-def _check_text(file: Path) -> None:
+def check_window(limit: int | None, offset: int) -> None:
+    """--limit and --offset as a user means them: a count of at least 1 and a start of at least 0."""
+    if limit is not None and limit < 1:
+        raise DataError(f"--limit must be at least 1, got {limit} (leave it out to take every record)")
+    if offset < 0:
+        raise DataError(f"--offset must be at least 0, got {offset}")
+
+
+def _check_text(file: Path, text_field: str) -> list[int]:
+    """The 1-based numbers of the file's non-blank lines. Errors: not UTF-8, nothing but blank
+    lines, or JSON records where this task reads plain text (a data file of another task)."""
     try:
-        file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise DataError(f"{file}: not UTF-8 text ({err})") from err
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise DataError(f"{file}: no records (the file is empty or blank); expected plain text, "
+                        f"one {text_field} per line")
+    first = text.splitlines()[lines[0] - 1].strip()
+    if first.startswith("{"):
+        try:
+            is_object = isinstance(json.loads(first), dict)
+        except json.JSONDecodeError:
+            is_object = False
+        if is_object:
+            raise DataError(f"{file}:{lines[0]}: found a JSON object, expected plain text, one {text_field} "
+                            f"per line (is this another task's data file?)")
+    return lines
 
 
 def read_jsonl(file: str | Path, required: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:

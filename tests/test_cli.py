@@ -112,7 +112,7 @@ def test_score_rescores_saved_predictions(tmp_path):
     preds.write_text("\n".join(json.dumps({"id": str(i), "prediction": f"The answer is {g}"})
                                for i, g in enumerate(golds[:2])) + "\n" + json.dumps({"id": "2", "prediction": "-1"}))
     out = json.loads(run("score", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--predictions", str(preds), "--json"))
-    assert out == {"n": 3, "correct": 2, "accuracy": pytest.approx(2 / 3)}
+    assert out == {"n": 3, "correct": 2, "accuracy": pytest.approx(2 / 3), "no_prediction": 0}
 
 
 def test_score_blocksworld_plans_in_natural_language_and_pddl(tmp_path):

@@ -7,13 +7,28 @@ thought extends a state, how to read a value and how to score an answer; the sea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
 class Example:
     id: str
     data: dict[str, Any]  # the raw record (question, gold answer, ...)
+
+
+class DuplicateIdError(ValueError):
+    """Two examples (or predictions) share one id; results are keyed by id, so one would be lost."""
+
+
+def check_unique_ids(ids: Sequence[str], where: Sequence[str]) -> None:
+    """Raise DuplicateIdError naming both places (`where[i]`, e.g. "file:line") of the first id
+    that appears twice."""
+    first: dict[str, int] = {}
+    for i, example_id in enumerate(ids):
+        j = first.setdefault(example_id, i)
+        if j != i:
+            raise DuplicateIdError(f"{where[j]} and {where[i]}: both have id {example_id!r}; ids must be unique "
+                                   f"(rename one, e.g. with a suffix)")
 
 
 @dataclass(frozen=True)

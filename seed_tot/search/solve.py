@@ -23,7 +23,7 @@ from .config import RunSettings, with_search_config
 from .dfs import dfs
 from .expansion import SearchResult, state_to_json
 from .llm import GenerationEngine, LLMCaller
-from .protocol import Example, Task
+from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,9 @@ class ResultsRecorder:
     and for the Ray driver (search/distributed.py), so both write the same files the same way.
 
     On construction it reopens results.jsonl (`resume`) and works out `todo`: the requested
-    examples not yet in the file, each id once. Use it as a context manager around the solving;
-    `add` appends one record, flushed and fsynced, so a killed run loses at most what is in flight.
+    examples not yet in the file, each once (two different examples with one id are an error).
+    Use it as a context manager around the solving; `add` appends one record, flushed and
+    fsynced, so a killed run loses at most what is in flight.
     """
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
@@ -118,11 +119,16 @@ class ResultsRecorder:
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
         self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
-        self.requested_ids = list(dict.fromkeys(ex.id for ex in examples))
-        if len(self.requested_ids) < len(examples):
-            log.warning("%d example ids appear more than once; each is solved once",
-                        len(examples) - len(self.requested_ids))
-        pending = {ex.id: ex for ex in reversed(examples) if ex.id not in self.done}  # first occurrence wins
+        # Two different problems with one id would share one results line: refuse rather than
+        # skip one. The very same problem listed twice is solved once.
+        first: dict[tuple[str, str], int] = {}
+        for i, ex in enumerate(examples):
+            first.setdefault((ex.id, json.dumps(ex.data, sort_keys=True, default=str)), i)
+        positions = sorted(first.values())
+        distinct = [examples[i] for i in positions]
+        check_unique_ids([ex.id for ex in distinct], [f"example {i}" for i in positions])
+        self.requested_ids = [ex.id for ex in distinct]
+        pending = {ex.id: ex for ex in distinct if ex.id not in self.done}
         self.todo = [pending[i] for i in self.requested_ids if i in pending]
         if self.done:
             log.info("resuming %s: %d of %d problems already done", self.results_path,
