@@ -71,6 +71,15 @@ class ShortTask:
         return {"correct": prediction == example.data["answer"]}
 
 
+class BrokenTask(ShortTask):
+    """ShortTask whose rating prompt for the cookies problem raises, as a buggy task would."""
+
+    def value_prompt(self, example: Example, state: State) -> Prompt:
+        if "cookies" in example.data["question"]:
+            raise ValueError("cannot rate cookies")
+        return super().value_prompt(example, state)
+
+
 class FaultyEngine:
     """A real engine that ends its own process on a prompt holding a word named by a file in
     `faults`: `once-WORD` (the first process to delete the file dies) or `always-WORD`; `stall-WORD`
@@ -275,6 +284,14 @@ def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems,
     reference_records = by_id(reference(0.0)[0])
     assert {i: untimed(r) for i, r in records.items()} == {i: reference_records[i] for i in records}
     assert summary["n"] == len(examples) and summary["failed"] == 1
+
+
+def test_an_error_in_the_search_stops_the_run_as_in_one_process(keeper, problems, tmp_path):
+    _, examples, _ = problems
+    task = BrokenTask()
+    with pytest.raises(ValueError, match="cannot rate cookies"):
+        solve_dataset_ray(keeper.get(), task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    assert all("cookies" not in r["input"]["question"] for r in read_records(tmp_path))  # every line complete
 
 
 def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, reference, reference_engine,
