@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from seed_tot.cli import main
 from seed_tot.search import apply_overrides, load_settings, solve_dataset
-from seed_tot.search.distributed import EnginePool, EngineSpec, solve_dataset_ray
+from seed_tot.search.distributed import EnginePool, EngineSpec, RayRunError, solve_dataset_ray, solve_on_ray
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 
 TESTS = Path(__file__).resolve().parent
@@ -338,6 +338,13 @@ def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, 
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == len(examples)
     assert by_id(read_records(tmp_path)) == by_id(reference(1.0)[0])  # same settings as the sampled reference
+
+
+def test_more_workers_than_the_cluster_fits_is_refused_not_left_waiting(ray_cluster, problems, tmp_path):
+    task, examples, _ = problems
+    with pytest.raises(RayRunError, match="3 workers with 1.0 CPU .* do not fit the cluster \\(2 CPU"):
+        solve_on_ray("auto", EngineSpec(), task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path,
+                     workers=3)
 
 
 def test_missing_ray_is_one_clear_line(monkeypatch, problems, tmp_path):
