@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_k_config
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_k_config, policy_kwargs,
+                                  policy_options)
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
 
@@ -52,8 +53,10 @@ def main(verbose: int) -> None:
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None, help="Write a Chrome/Perfetto trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
 @pipeline_options
+@policy_options
 def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
-             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json, **pipeline):
+             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json,
+             draft_policy, policy_option, head_dir, **pipeline):
     """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
     from seed_tot import SamplingParams
     from seed_tot.engine import summarize
@@ -70,11 +73,12 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=["ar" if mode == "pp" else "sd"])
         rendered = text if raw else engine.render_prompt(text)
         return run_pipeline_cli(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
+    policy = policy_kwargs(draft_policy, policy_option, head_dir)
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
         results = engine.generate([rendered] * num_samples, params, mode=mode, k_config=k_config,
-                                  n_workers=n_workers, verify_batch=verify_batch)
+                                  n_workers=n_workers, verify_batch=verify_batch, **policy)
         tracer.add_call(mode, results)
     for i, r in enumerate(results):
         if as_json:
@@ -264,7 +268,9 @@ class _tracing:
 
 def _register_bench() -> None:
     from seed_tot.bench import bench
+    from seed_tot.training.cli import train_head_command
     main.add_command(bench)
+    main.add_command(train_head_command)
 
 
 _register_bench()

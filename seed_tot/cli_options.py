@@ -33,6 +33,39 @@ def model_options(fn):
     return fn
 
 
+def policy_options(fn):
+    """--draft-policy/--policy-option/--head: how sd, mcsd and seed plan their drafts."""
+    from seed_tot.engine.policies import POLICIES
+
+    for option in reversed([
+        click.option("--draft-policy", type=click.Choice(POLICIES), default=None,
+                     help="fixed (k_config shapes, the default), opt-tree, specdec or auto."),
+        click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
+                     help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5."),
+        click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
+                     help="specdec: the acceptance head directory from `seed-tot train-head`."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
+    """Engine.generate keywords from the policy flags ({} when none is given)."""
+    from seed_tot.engine.policies import parse_policy_options
+
+    try:
+        options = parse_policy_options(policy_option)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--policy-option") from None
+    if head_dir is not None:
+        options["head"] = head_dir
+    if not draft_policy:
+        if options:
+            raise click.UsageError("--policy-option and --head need --draft-policy")
+        return {}
+    return {"draft_policy": draft_policy, "policy_options": options}
+
+
 def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES):
     """The engine for `modes`; the draft is loaded only when one of them drafts."""
     from seed_tot import Engine

@@ -1,0 +1,192 @@
+"""`auto`: the cost-aware policy -- each round, the draft length that maximizes tokens per second.
+
+Costs come from a short calibration on the running hardware (`calibrate`: target forward time as
+a + b * tokens verified, draft time per step), cached per target/draft/device/dtype in
+$SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json. The acceptance estimate is a
+running, decayed per-token acceptance rate of each sequence, starting from a prior. For a chain of
+K drafted tokens with per-token acceptance alpha:
+    tokens(K) = (1 - alpha^(K+1)) / (1 - alpha)        time(K) = K * t_draft + t_target(K + 1)
+and K = 0 (a plain target step, no draft forward at all) competes with the rest, so a draft that
+hardly ever agrees costs nothing but the occasional probe: when K = 0 wins, a one-token probe is
+drafted after `probe_every` plain rounds, and the gap doubles after each failed probe (up to 64),
+so a 2% draft runs at about ar's speed while a draft that starts to agree is picked up again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..draft_tree import DraftTree
+from ..params import SamplingParams
+from .base import DraftPolicy, DraftRound, TreeBuilder, option
+from .fixed import FixedRound
+
+log = logging.getLogger(__name__)
+MAX_PROBE_GAP = 64
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds: one target forward costs target_fixed_s + target_per_token_s * tokens; one draft step draft_step_s."""
+
+    target_fixed_s: float
+    target_per_token_s: float
+    draft_step_s: float
+
+    def target(self, tokens: int) -> float:
+        return self.target_fixed_s + self.target_per_token_s * tokens
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def best_length(alpha: float, costs: Costs, max_len: int) -> int:
+    """The chain length (0 = no draft) with the most expected tokens per second."""
+    rates = [expected_tokens(alpha, k) / (k * costs.draft_step_s + costs.target(k + 1)) for k in range(max_len + 1)]
+    return max(range(max_len + 1), key=lambda k: (rates[k], -k))
+
+
+def derive_opt_tree_options(costs: Costs) -> dict:
+    """OPT-Tree settings from measured costs: delta = t_draft / t_target (the paper's lower end of
+    [t_draft/t_target, 1]); n = the widest tree whose verification costs at most 25% more than one token's."""
+    delta = min(1.0, max(0.01, costs.draft_step_s / costs.target(1)))
+    n = 2
+    while n < 64 and costs.target(2 * n + 1) <= 1.25 * costs.target(1):
+        n *= 2
+    return {"n": n, "delta": delta}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("SEED_TOT_CACHE_DIR") or Path.home() / ".cache" / "seed-tot"
+    return Path(root) / "calibration.json"
+
+
+def _key(engine) -> str:
+    return f"{engine.target_name}|{engine.draft_name}|{engine.target.device}|{engine.target.dtype}"
+
+
+@torch.inference_mode()
+def calibrate(engine, repeats: int = 3, context: int = 64, wide: int = 16) -> Costs:
+    """Time target forwards of 1 and `wide` tokens and draft forwards of 1 token after a `context`-token prefix."""
+    from ..kv_cache import KVCache
+    from ..speculative import prefill
+
+    prompt = [i % engine.vocab_size for i in range(1, context + 1)]
+
+    def timed(model, n_new: int) -> float:
+        kv = KVCache()
+        prefill(model, kv, prompt)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            kv.forward(model, prompt[:n_new], [i - 1 for i in range(n_new)])
+            best = min(best, time.perf_counter() - start)
+            kv.commit([])
+        return best
+
+    one, many = timed(engine.target, 1), timed(engine.target, wide)
+    per_token = max(0.0, (many - one) / (wide - 1))
+    return Costs(max(one - per_token, 1e-6), per_token, timed(engine.draft, 1))
+
+
+def load_costs(engine, recalibrate: bool = False) -> Costs:
+    """This engine's costs from the cache, measured (and cached) when missing."""
+    path, key = cache_path(), _key(engine)
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        cached = {}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable calibration cache ({err}); delete it to recalibrate") from None
+    if key in cached and not recalibrate:
+        return Costs(**cached[key])
+    costs = calibrate(engine)
+    log.info("calibrated %s: %s", key, costs)
+    cached[key] = asdict(costs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cached, indent=2) + "\n", encoding="utf-8")
+    return costs
+
+
+@dataclass
+class _SeqState:
+    hits: float  # decayed accepted draft tokens
+    trials: float  # decayed draft tokens the target judged (accepted + the first rejected)
+    plain_rounds: int = 0
+    probe_gap: int = 0
+
+
+class AutoPolicy(DraftPolicy):
+    name = "auto"
+
+    def __init__(self, costs: Costs, max_len: int = 8, prior: float = 0.5, prior_weight: float = 2.0,
+                 decay: float = 0.9, probe_every: int = 8):
+        if not 0 <= prior <= 1 or max_len < 1 or probe_every < 1 or not 0 < decay <= 1:
+            raise ValueError("auto needs 0 <= prior <= 1, max_len >= 1, probe_every >= 1 and 0 < decay <= 1")
+        self.costs, self.max_len, self.prior, self.prior_weight = costs, max_len, prior, prior_weight
+        self.decay, self.probe_every = decay, probe_every
+        self._state: dict[int, _SeqState] = {}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, max_len=8, prior=0.5, probe_every=8, recalibrate="false") -> "AutoPolicy":
+        return cls(load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes")),
+                   option(cls.name, "max_len", max_len, int, 1), option(cls.name, "prior", prior, float, 0),
+                   probe_every=option(cls.name, "probe_every", probe_every, int, 1))
+
+    def _seq(self, seq) -> _SeqState:
+        return self._state.setdefault(id(seq), _SeqState(0.0, 0.0, 0, self.probe_every))
+
+    def alpha(self, seq) -> float:
+        s = self._seq(seq)
+        return (s.hits + self.prior * self.prior_weight) / (s.trials + self.prior_weight)
+
+    def choose(self, seq) -> int:
+        s = self._seq(seq)
+        k = best_length(self.alpha(seq), self.costs, self.max_len)
+        if k > 0:
+            return k
+        s.plain_rounds += 1
+        if s.plain_rounds >= s.probe_gap:  # look again: the draft may have started to agree
+            s.plain_rounds = 0
+            return 1
+        return 0
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        k = self.choose(seq)
+        builder = TreeBuilder(seq, params, vocab_size)
+        return FixedRound(builder, (1,) * k) if k else _NoDraft(vocab_size)
+
+    def observe(self, seq, tree: DraftTree, acceptance) -> None:
+        super().observe(seq, tree, acceptance)
+        depth = tree.depth()
+        if depth:
+            s = self._seq(seq)
+            accepted = len(acceptance.path)
+            s.hits = self.decay * s.hits + accepted
+            s.trials = self.decay * s.trials + accepted + (accepted < depth)
+            if best_length(self.alpha(seq), self.costs, self.max_len) == 0:  # a failed probe: wait longer
+                s.probe_gap = min(MAX_PROBE_GAP, 2 * s.probe_gap)
+            else:
+                s.probe_gap = self.probe_every
+        if seq.done:
+            self._state.pop(id(seq), None)
+
+
+class _NoDraft(DraftRound):
+    """A plain target step: no draft forward; the draft cache catches up when drafting resumes."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def first_feed(self):
+        return None
+
+    def finish(self):
+        return DraftTree.empty(self.vocab_size), {}

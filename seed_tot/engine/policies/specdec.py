@@ -1,0 +1,87 @@
+"""`specdec`: SpecDec++ (Huang et al. 2024, seed 004) -- a chain whose length a trained head decides.
+
+The head reads the draft's final hidden state at each drafted token Y_j (the forward that feeds
+Y_j also yields q for Y_{j+1}) and predicts P̂_j = P(Y_j accepted | Y_1..Y_{j-1} accepted). After
+drafting Y_i, drafting stops once the chance that some earlier token is rejected is high enough:
+    1 - prod_{j < i} P̂_j > h        (and min_len <= i <= max_len; EOS and the token budget stop too)
+so with a constant head a, K = the smallest i >= min_len with 1 - a^(i-1) > h.
+Options: head (a directory from `seed-tot train-head`), h (threshold), min_len, max_len.
+Tokens are sampled from q (sampled decoding) or the draft's argmax (greedy, deterministic).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..params import SamplingParams
+from .base import DraftPolicy, DraftRound, Feed, HiddenCapture, TreeBuilder, option
+
+
+class SpecDecPolicy(DraftPolicy):
+    name = "specdec"
+
+    def __init__(self, head, h: float = 0.5, min_len: int = 2, max_len: int = 20, eos_ids=frozenset(),
+                 capture: HiddenCapture | None = None):
+        if not 0 < h < 1 or min_len < 1 or max_len < min_len:
+            raise ValueError(f"specdec needs 0 < h < 1 and 1 <= min_len <= max_len, got h={h}, "
+                             f"min_len={min_len}, max_len={max_len}")
+        self.head, self.h, self.min_len, self.max_len = head, h, min_len, max_len
+        self.eos_ids, self.capture = frozenset(eos_ids), capture
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, head=None, h=0.5, min_len=2, max_len=20) -> "SpecDecPolicy":
+        from .head import load_head
+
+        if head is None:
+            raise ValueError("draft policy 'specdec' needs a trained head: --head DIR (policy option head=DIR)")
+        model, trained_for = load_head(head, engine.target_name, engine.draft_name)
+        hidden = engine.draft.get_output_embeddings().weight.shape[1]
+        if model.config["hidden_size"] != hidden:
+            raise ValueError(f"{head}: head reads hidden size {model.config['hidden_size']}, the draft has {hidden}")
+        sampled = {k: trained_for.get(k) for k in ("temperature", "top_k", "top_p")}
+        now = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+        if sampled != now:  # acceptances depend on the sampling settings: say so, still usable
+            import logging
+            logging.getLogger(__name__).warning("head %s was trained for sampling %s, running with %s", head, sampled, now)
+        return cls(model.to(engine.draft.device), option(cls.name, "h", h, float), option(cls.name, "min_len", min_len, int, 1),
+                   option(cls.name, "max_len", max_len, int, 1), engine.eos_ids, HiddenCapture(engine.draft))
+
+    def predict(self, hidden: torch.Tensor) -> float:
+        """P̂ for the token whose entry produced `hidden` (one vector)."""
+        with torch.no_grad():
+            return float(torch.sigmoid(self.head(hidden[None].to(next(self.head.parameters()).device))[0]))
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        return SpecDecRound(TreeBuilder(seq, params, vocab_size), self)
+
+
+class SpecDecRound(DraftRound):
+    needs_hidden = True
+
+    def __init__(self, builder: TreeBuilder, policy: SpecDecPolicy):
+        self.b, self.policy = builder, policy
+        self.max_len = min(policy.max_len, max(1, builder.remaining))
+        self.survival = 1.0  # prod of P̂ over the drafted tokens fed so far
+        self.last = -1
+
+    def first_feed(self) -> Feed:
+        return self.b.pending_feed()
+
+    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
+        b, policy = self.b, self.policy
+        if self.last >= 0:  # the last fed entry is a drafted token: the head judges it
+            self.survival *= policy.predict(hidden[-1])
+        node_logits = logits[-1]
+        if b.params.greedy:
+            token, q = int(node_logits[: b.vocab_size].float().argmax()), None
+        else:
+            q = b.q(node_logits)
+            token = int(torch.multinomial(q, 1, generator=b.seq.generator))
+        self.last = b.add(self.last, token, q, self.survival)
+        n = len(b.tokens)
+        if (n >= self.max_len or token in policy.eos_ids
+                or (n >= policy.min_len and 1.0 - self.survival > policy.h)):
+            return None
+        return b.feed_nodes([self.last])
+
+    def finish(self):
+        return self.b.tree()

@@ -1,0 +1,79 @@
+"""`seed-tot train-head`: train SpecDec++'s acceptance head for a target/draft pair."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from seed_tot.cli_options import model_options
+
+log = logging.getLogger(__name__)
+DATA_FILE = "data.safetensors"
+
+
+@click.command("train-head")
+@model_options
+@click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help='JSONL prompts, one {"question": ...} per line (e.g. GSM8K *train*).')
+@click.option("--max-examples", type=click.IntRange(min=2), default=64, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Head, config, cached data and checkpoints go here; rerun to resume.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Target response length.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--mix-rate", type=click.FloatRange(0, 1), default=0.15, show_default=True, help="r: P(Z_i = X_i).")
+@click.option("--w-rej", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
+              help="BCE weight of rejections (the paper tries 1, 3, 6, 12).")
+@click.option("--layers", type=click.IntRange(min=0), default=2, show_default=True, help="Residual blocks of the head.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def train_head_command(target, draft, draft_layers, device, dtype, data_file, max_examples, steps, out_dir,
+                       max_new_tokens, temperature, top_k, top_p, mix_rate, w_rej, layers, seed):
+    """Generate acceptance data with the target and draft, then train the head (progress on stderr)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from seed_tot import Engine, SamplingParams
+    from seed_tot.engine.policies.head import AcceptanceHead, save_head
+    from seed_tot.tasks.loading import load_records
+
+    from .specdec_data import HeadData, generate_data
+    from .specdec_train import train_head
+
+    out = Path(out_dir)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
+    trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
+                   "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
+                   "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples}
+    data_path, meta_path = out / DATA_FILE, out / "data.json"
+    if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == trained_for:
+        tensors = load_file(str(data_path))
+        data = HeadData(tensors["hidden"], tensors["labels"])
+        click.echo(f"reusing {len(data.labels)} cached rows from {data_path}", err=True)
+    else:
+        records = load_records(data_file, required=("question",), limit=max_examples)
+        prompts = engine.encode([engine.render_prompt(r["question"]) for r in records])
+        with tqdm(total=len(prompts), desc="target responses + labels", unit="prompt") as bar:
+            data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.update(1))
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({"hidden": data.hidden.contiguous(), "labels": data.labels.contiguous()}, str(data_path))
+        meta_path.write_text(json.dumps(trained_for, indent=2) + "\n", encoding="utf-8")
+    click.echo(f"{len(data.labels)} rows, mean acceptance label {float(data.labels.mean()):.3f}", err=True)
+    torch.manual_seed(seed)
+    head = AcceptanceHead(data.hidden.shape[1], layers)
+    with tqdm(total=steps, desc="training head", unit="step") as bar:
+        def progress(step: int, loss: float) -> None:
+            bar.n = step
+            bar.set_postfix(loss=f"{loss:.4f}")
+            bar.refresh()
+        result = train_head(head, data, steps, out, w_rej=w_rej, seed=seed, progress=progress)
+    save_head(head, out, trained_for)
+    report = {"steps": result.steps, "heldout_loss": result.heldout_loss,
+              "best_constant_heldout_loss": result.constant_loss, "best_constant": result.constant,
+              "rows": len(data.labels), "head": str(out)}
+    click.echo(json.dumps(report, indent=2))

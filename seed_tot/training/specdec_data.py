@@ -1,0 +1,78 @@
+"""SpecDec++ training data (Huang et al. 2024, section 4): what the head learns from.
+
+For each prompt: the target's response X; at each response position i the draft token
+Y_i ~ q_i(. | X_<i) and its label min(1, p_i(Y_i) / q_i(Y_i)) (greedy: Y_i = argmax q_i, label
+1 if it equals argmax p_i); the mixed sequence Z (Z_i = X_i with probability r, else Y_i), run
+through the draft, gives the hidden state at each Z_i; the loss sees only positions where Z_i = Y_i.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from seed_tot.engine.params import SamplingParams
+from seed_tot.engine.policies.base import HiddenCapture
+from seed_tot.engine.sampling import process_logits
+
+
+def acceptance_labels(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor, greedy: bool) -> torch.Tensor:
+    """p, q [n, V] processed distributions, y [n] draft tokens -> [n] probability each is accepted."""
+    if greedy:
+        return (p.argmax(-1) == y).float()
+    py, qy = p.gather(-1, y[:, None])[:, 0], q.gather(-1, y[:, None])[:, 0]
+    return torch.where(qy > 0, torch.clamp(py / qy.clamp_min(1e-30), max=1.0), torch.zeros_like(py))
+
+
+def mix(x: torch.Tensor, y: torch.Tensor, r: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Z_i = X_i with probability r, else Y_i; returns Z and the mask of Y positions (where the loss applies)."""
+    take_x = torch.rand(x.shape, generator=generator) < r
+    return torch.where(take_x, x, y), ~take_x
+
+
+@dataclass
+class HeadData:
+    hidden: torch.Tensor  # [N, d] draft hidden states at Y positions
+    labels: torch.Tensor  # [N] acceptance probabilities
+
+
+@torch.inference_mode()
+def example_data(target, draft, prompt: list[int], response: list[int], params: SamplingParams, vocab_size: int,
+                 r: float, generator: torch.Generator, capture: HiddenCapture) -> HeadData:
+    """One prompt's training rows (teacher-forced full forwards, no KV cache)."""
+    ids = torch.tensor([prompt + response], device=target.device)
+    start, end = len(prompt) - 1, len(prompt) + len(response) - 1  # logits that predict the response tokens
+    p = process_logits(target(input_ids=ids).logits[0, start:end], params, vocab_size)
+    q = process_logits(draft(input_ids=ids.to(draft.device)).logits[0, start:end], params, vocab_size).cpu()
+    capture.take()
+    if params.greedy:
+        y = q.argmax(-1)
+    else:
+        y = torch.multinomial(q, 1, generator=generator)[:, 0]
+    labels = acceptance_labels(p.cpu(), q, y, params.greedy)
+    x = torch.tensor(response)
+    z, is_y = mix(x, y, r, generator)
+    draft(input_ids=torch.tensor([prompt + z.tolist()], device=draft.device))
+    hidden = capture.take()[len(prompt): len(prompt) + len(response)].float().cpu()  # the entry of each Z_i
+    return HeadData(hidden[is_y], labels[is_y])
+
+
+def generate_data(engine, prompts: list[list[int]], params: SamplingParams, r: float, seed: int,
+                  progress=None) -> HeadData:
+    """Target responses X (the engine's ar mode, with `params`), then each prompt's rows."""
+    generator = torch.Generator().manual_seed(seed)
+    capture = HiddenCapture(engine.draft)
+    rows = []
+    try:
+        for i, prompt in enumerate(prompts):
+            response = engine.generate([prompt], params, mode="ar")[0].token_ids
+            if response:
+                rows.append(example_data(engine.target, engine.draft, prompt, response, params, engine.vocab_size,
+                                         r, generator, capture))
+            if progress is not None:
+                progress(i + 1)
+    finally:
+        capture.remove()
+    if not rows:
+        raise ValueError("no training rows: every target response was empty")
+    return HeadData(torch.cat([d.hidden for d in rows]), torch.cat([d.labels for d in rows]))

@@ -1,0 +1,92 @@
+"""Training SpecDec++'s head: weighted BCE on soft acceptance labels, resumable, with a held-out check.
+
+loss = -(w_acc * y * log s + w_rej * (1 - y) * log(1 - s)) averaged over the rows (the Y positions;
+the data module already dropped X positions). The held-out loss is reported beside the loss of the
+best constant predictor, c = w_acc*E[y] / (w_acc*E[y] + w_rej*E[1-y]), which the head must beat to
+have learned anything about *which* tokens get accepted.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from seed_tot.engine.policies.head import AcceptanceHead
+
+from .specdec_data import HeadData
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
+
+
+def weighted_bce(logits: torch.Tensor, labels: torch.Tensor, w_acc: float, w_rej: float,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean weighted BCE over the positions where `mask` is True (all when None)."""
+    per = -(w_acc * labels * F.logsigmoid(logits) + w_rej * (1 - labels) * F.logsigmoid(-logits))
+    if mask is not None:
+        per = per[mask]
+    return per.mean()
+
+
+def best_constant_loss(labels: torch.Tensor, w_acc: float, w_rej: float) -> tuple[float, float]:
+    """(c, loss) of the best constant prediction c for these labels under the weighted BCE."""
+    acc, rej = w_acc * float(labels.mean()), w_rej * float((1 - labels).mean())
+    c = min(max(acc / (acc + rej), 1e-6), 1 - 1e-6)
+    return c, -(acc * math.log(c) + rej * math.log(1 - c))
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    heldout_loss: float
+    constant_loss: float
+    constant: float
+
+
+def split(data: HeadData, heldout_fraction: float, seed: int) -> tuple[HeadData, HeadData]:
+    n = len(data.labels)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_held = max(1, int(n * heldout_fraction))
+    if n - n_held < 1:
+        raise ValueError(f"{n} training rows are too few to hold out {heldout_fraction:.0%} for evaluation")
+    held, train = order[:n_held], order[n_held:]
+    return HeadData(data.hidden[train], data.labels[train]), HeadData(data.hidden[held], data.labels[held])
+
+
+def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_acc: float = 1.0, w_rej: float = 6.0,
+               batch: int = 256, lr: float = 1e-3, heldout_fraction: float = 0.1, seed: int = 0,
+               checkpoint_every: int = 100, progress=None) -> TrainResult:
+    """Train (resuming from out/checkpoint.pt when present) and evaluate on the held-out rows."""
+    train, held = split(data, heldout_fraction, seed)
+    optim = torch.optim.AdamW(head.parameters(), lr=lr)
+    out.mkdir(parents=True, exist_ok=True)
+    step, ckpt = 0, out / CHECKPOINT
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=True)
+        head.load_state_dict(state["head"])
+        optim.load_state_dict(state["optim"])
+        step = int(state["step"])
+        log.info("resuming %s at step %d", ckpt, step)
+    generator = torch.Generator().manual_seed(seed + step)
+    head.train()
+    while step < steps:
+        idx = torch.randint(len(train.labels), (min(batch, len(train.labels)),), generator=generator)
+        loss = weighted_bce(head(train.hidden[idx]), train.labels[idx], w_acc, w_rej)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        step += 1
+        if progress is not None:
+            progress(step, loss.item())
+        if step % checkpoint_every == 0 or step == steps:
+            torch.save({"head": head.state_dict(), "optim": optim.state_dict(), "step": step}, ckpt)
+    head.eval()
+    with torch.no_grad():
+        held_loss = float(weighted_bce(head(held.hidden), held.labels, w_acc, w_rej))
+    c, _ = best_constant_loss(train.labels, w_acc, w_rej)
+    const_held = float(weighted_bce(torch.full_like(held.labels, math.log(c / (1 - c))), held.labels, w_acc, w_rej))
+    return TrainResult(step, held_loss, const_held, c)

@@ -1,0 +1,95 @@
+"""`auto` drafts nothing when the draft never agrees, long chains when it always does (stubbed costs)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.draft_tree import DraftTree
+from seed_tot.engine.policies.auto import AutoPolicy, Costs, best_length, derive_opt_tree_options, load_costs
+from seed_tot.engine.verify import Acceptance
+
+COSTS = Costs(target_fixed_s=0.1, target_per_token_s=0.002, draft_step_s=0.02)  # draft step = 1/5 target
+
+
+def _round_with(policy, seq, accepted_fraction: float, rounds: int) -> list[int]:
+    """Feed the policy `rounds` verifications in which each drafted token is accepted while
+    the running fraction allows; returns the chosen lengths."""
+    lengths = []
+    for _ in range(rounds):
+        k = policy.choose(seq)
+        lengths.append(k)
+        if k:
+            n_acc = round(k * accepted_fraction)
+            tree = DraftTree(list(range(-1, k - 1)), [0] * k, torch.empty(0, 4), q_index=[-1] * k)
+            policy.observe(seq, tree, Acceptance(list(range(n_acc)), [0] * (n_acc + 1), n_acc < k))
+    return lengths
+
+
+def test_best_length_is_zero_without_acceptance_and_long_with_full_acceptance():
+    assert best_length(0.0, COSTS, 8) == 0
+    assert best_length(0.02, COSTS, 8) == 0
+    assert best_length(1.0, COSTS, 8) == 8
+    assert 0 < best_length(0.7, COSTS, 8) < 8
+
+
+def test_auto_stops_drafting_when_acceptance_is_near_zero():
+    policy = AutoPolicy(COSTS, max_len=8, probe_every=4)
+    seq = SimpleNamespace(done=False, index=0)
+    lengths = _round_with(policy, seq, 0.0, 200)
+    assert lengths[0] > 0  # the prior says "try"
+    assert sum(1 for k in lengths[20:] if k) <= 8  # then only rare probes (the gap doubles to 64)
+    assert max(lengths[20:]) == 1
+
+
+def test_auto_drafts_long_chains_when_acceptance_is_near_one():
+    policy = AutoPolicy(COSTS, max_len=8)
+    seq = SimpleNamespace(done=False, index=0)
+    lengths = _round_with(policy, seq, 1.0, 30)
+    assert lengths[-10:] == [8] * 10
+
+
+def test_auto_recovers_when_the_draft_starts_to_agree():
+    policy = AutoPolicy(COSTS, max_len=8, probe_every=2)
+    seq = SimpleNamespace(done=False, index=0)
+    _round_with(policy, seq, 0.0, 60)
+    assert _round_with(policy, seq, 1.0, 200)[-5:] == [8] * 5
+
+
+def test_derived_opt_tree_options_follow_the_costs():
+    cheap_width = derive_opt_tree_options(Costs(0.1, 0.0001, 0.01))
+    dear_width = derive_opt_tree_options(Costs(0.1, 0.05, 0.05))
+    assert cheap_width["n"] > dear_width["n"]
+    assert dear_width["delta"] == pytest.approx(0.05 / 0.15)
+
+
+def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch, llama_pair):
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))
+    engine = Engine(*llama_pair)
+    first = load_costs(engine)
+    cached = json.loads((tmp_path / "calibration.json").read_text())
+    assert len(cached) == 1 and all(v > 0 for v in next(iter(cached.values())).values() if v)
+    assert load_costs(engine) == first  # read back, not measured again
+
+
+def test_corrupt_calibration_cache_is_a_clear_error(tmp_path, monkeypatch, llama_pair):
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "calibration.json").write_text("{not json")
+    with pytest.raises(ValueError, match="calibration.json: unreadable calibration cache"):
+        load_costs(Engine(*llama_pair))
+
+
+@pytest.mark.parametrize("mode", ["sd", "seed"])
+def test_greedy_auto_equals_target_alone_with_good_and_useless_drafts(mode):
+    target = tiny_model("llama", seed=3)
+    prompts = [[5], [1, 2, 3, 4, 5, 6, 7]]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    for draft in (noisy_copy(target, 0.005), tiny_model("llama", seed=4)):
+        policy = AutoPolicy(COSTS, max_len=6, probe_every=2)
+        results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0), mode=mode,
+                                                 draft_policy=policy)
+        assert [r.token_ids for r in results] == refs

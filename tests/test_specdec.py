@@ -1,0 +1,127 @@
+"""SpecDec++: the stopping rule, the training labels, the loss, the head's training and loading."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.cli import main
+from seed_tot.engine.policies.base import HiddenCapture
+from seed_tot.engine.policies.head import AcceptanceHead, load_head, save_head
+from seed_tot.engine.policies.specdec import SpecDecPolicy
+from seed_tot.training.specdec_data import HeadData, acceptance_labels, mix
+from seed_tot.training.specdec_train import best_constant_loss, train_head, weighted_bce
+
+
+class ConstantHead(torch.nn.Module):
+    def __init__(self, a: float):
+        super().__init__()
+        self.logit = torch.nn.Parameter(torch.tensor(math.log(a / (1 - a))))
+
+    def forward(self, hidden):
+        return self.logit.expand(hidden.shape[:-1])
+
+
+def drafted_length(a: float, h: float, min_len: int = 2, max_len: int = 20) -> int:
+    kv = SimpleNamespace(parents=[], committed=3)
+    seq = SimpleNamespace(draft=kv, generated=[], generator=torch.Generator().manual_seed(0), pending=lambda c: [1])
+    rnd = SpecDecPolicy(ConstantHead(a), h, min_len, max_len).begin(seq, SamplingParams(temperature=0), 8)
+    feed = rnd.first_feed()
+    while feed is not None:
+        kv.parents += feed.parents
+        feed = rnd.step(torch.randn(len(feed.tokens), 8), torch.zeros(len(feed.tokens), 4))
+    return len(rnd.finish()[0])
+
+
+@pytest.mark.parametrize("a,h", [(0.9, 0.5), (0.5, 0.3), (0.99, 0.9), (0.7, 0.05), (0.3, 0.9)])
+def test_stopping_rule_with_a_constant_head(a, h):
+    expected = next(i for i in range(2, 21) if 1 - a ** (i - 1) > h) if 1 - a ** 19 > h else 20
+    assert drafted_length(a, h) == expected
+
+
+def test_length_bounds_hold():
+    assert drafted_length(0.999, 0.5, max_len=6) == 6
+    assert drafted_length(0.01, 0.5, min_len=3) == 3
+
+
+def test_labels_match_a_hand_computation():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    q = torch.tensor([[0.9, 0.05, 0.05], [0.2, 0.2, 0.6]])
+    y = torch.tensor([0, 2])
+    assert acceptance_labels(p, q, y, greedy=False).tolist() == pytest.approx([0.5 / 0.9, 1.0])
+    assert acceptance_labels(p, q, torch.tensor([1, 2]), greedy=True).tolist() == [0.0, 1.0]
+
+
+def test_mixing_keeps_target_tokens_at_rate_r_and_masks_them():
+    x, y = torch.zeros(20000, dtype=torch.long), torch.ones(20000, dtype=torch.long)
+    z, is_y = mix(x, y, 0.15, torch.Generator().manual_seed(0))
+    assert abs(float((z == 0).float().mean()) - 0.15) < 0.01
+    assert torch.equal(is_y, z == 1)
+
+
+def test_loss_applies_weights_and_mask():
+    logits, labels = torch.tensor([0.0, 2.0, -1.0]), torch.tensor([1.0, 0.0, 0.3])
+    by_hand = [-math.log(0.5), -3 * math.log(1 - 1 / (1 + math.exp(-2.0))),
+               -(0.3 * math.log(1 / (1 + math.exp(1.0))) + 3 * 0.7 * math.log(1 - 1 / (1 + math.exp(1.0))))]
+    assert float(weighted_bce(logits, labels, 1.0, 3.0)) == pytest.approx(sum(by_hand) / 3, rel=1e-5)
+    mask = torch.tensor([True, False, True])
+    assert float(weighted_bce(logits, labels, 1.0, 3.0, mask)) == pytest.approx((by_hand[0] + by_hand[2]) / 2, rel=1e-5)
+
+
+def test_training_beats_the_best_constant_on_a_known_label_function(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3000, 16, generator=gen)
+    labels = torch.sigmoid(3 * hidden[:, 0] - 2 * hidden[:, 1])  # acceptance depends on the state
+    head = AcceptanceHead(16, layers=1, width=32)
+    result = train_head(head, HeadData(hidden, labels), steps=300, out=tmp_path, w_rej=3.0, lr=3e-3)
+    assert result.heldout_loss < 0.8 * result.constant_loss
+    c, _ = best_constant_loss(labels, 1.0, 3.0)
+    assert 0 < c < 1 and result.constant == pytest.approx(c, abs=0.02)
+    resumed = train_head(AcceptanceHead(16, layers=1, width=32), HeadData(hidden, labels), steps=300, out=tmp_path,
+                         w_rej=3.0)
+    assert resumed.heldout_loss == pytest.approx(result.heldout_loss, rel=1e-4)  # resumed at step 300: no more steps
+
+
+def test_head_trained_for_other_models_is_refused(tmp_path):
+    save_head(AcceptanceHead(8, layers=1), tmp_path, {"target": "T", "draft": "D"})
+    load_head(tmp_path, "T", "D")
+    with pytest.raises(ValueError, match="trained for target 'T', not 'other'"):
+        load_head(tmp_path, "other", "D")
+    with pytest.raises(ValueError, match="no head here"):
+        load_head(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("mode", ["sd", "seed"])
+def test_greedy_specdec_equals_target_alone(mode):
+    target = tiny_model("llama", seed=3)
+    draft = noisy_copy(target, 0.005)
+    prompts = [[5], [1, 2, 3, 4, 5, 6, 7]]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=HiddenCapture(draft))
+    results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0), mode=mode,
+                                             draft_policy=policy)
+    assert [r.token_ids for r in results] == refs
+    assert 5 in {r["drafted"] for r in policy.records}  # 1 - 0.8^4 > 0.5 >= 1 - 0.8^3: chains of five
+
+
+def test_train_head_command_writes_a_loadable_head(tiny_model_dirs, tmp_path):
+    target, draft = tiny_model_dirs
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"question": q}) for q in ["What is 2+3?", "Add 4 and 5.", "Is 7 odd?"]))
+    out = tmp_path / "head"
+    args = ["train-head", "--target", target, "--draft", draft, "--data", str(data), "--max-examples", "3",
+            "--steps", "20", "--max-new-tokens", "12", "--out", str(out), "--device", "cpu"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert report["steps"] == 20 and report["rows"] > 0
+    head, trained_for = load_head(out, target, draft)
+    assert trained_for["temperature"] == 0.0
+    again = CliRunner().invoke(main, args)  # cached data, finished checkpoint: resumes
+    assert again.exit_code == 0 and "reusing" in again.output
