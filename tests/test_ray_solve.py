@@ -28,7 +28,9 @@ from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 TESTS = Path(__file__).resolve().parent
 PROBLEMS = [("apples", "7"), ("pens", "12"), ("pages", "84"), ("marbles", "3"), ("cookies", "24")]
 WORDS = tuple(word for word, _ in PROBLEMS)  # one per problem, in all its prompts; faults name them
-TIMING = ("wall_s", "busy", "tokens_per_s", "results")  # keys whose values are clocks or paths
+# Keys whose values are clock readings (seconds end in "_s"), ratios of them, or output paths:
+# they legitimately differ between two runs of the same problems.
+CLOCK_RATIOS = ("busy_fraction", "cache_share")
 
 
 class ShortTask:
@@ -203,7 +205,8 @@ def read_records(out: Path) -> list[dict]:
 def untimed(value):
     """A record or summary without its clocks (which legitimately differ between runs)."""
     if isinstance(value, dict):
-        return {k: untimed(v) for k, v in value.items() if not any(t in k for t in TIMING)}
+        return {k: untimed(v) for k, v in value.items()
+                if not (k.endswith("_s") or k.endswith(CLOCK_RATIOS) or k == "results")}
     if isinstance(value, list):
         return [untimed(v) for v in value]
     return value
