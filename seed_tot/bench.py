@@ -4,16 +4,19 @@ Workloads
   thoughts               one thought batch (3 copies of a GSM8K thought prompt) and one
                          state-evaluation batch (3 different value prompts), per run; no stop
                          strings, so every mode decodes the same max-new-tokens per sequence
+  tot-step               one ToT-BFS step at breadth 3: 9 thought sequences (3 copies of each of 3
+                         states' prompts) in one call, then 9 value prompts (9 different states)
   tot-gsm8k, tot-creative-writing, tot-blocksworld
                          whole ToT solves of --limit problems (blocksworld without --data uses its
                          built-in generator; the other two need --data, the Hub is not used)
 
-Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM]
+Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM]
   MODE    ar, parallel, sd, mcsd or seed
   :K-K-K  this mode's draft-tree shape (default --k-config), e.g. mcsd:2-2-1, seed:2-2-1
   @wN     SEED draft workers running at once (default --n-workers)
-  @vbM    SEED drafts verified per target forward (default --verify-batch)
-  e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed,seed:2-2-1,seed@vb3
+  @vbM    SEED drafts verified per target forward (default --verify-batch; M=all: every queued draft)
+  @dbM    SEED ready workers drafted per draft forward (default --draft-batch; M=all: every ready one)
+  e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball
 
 Each mode gets one warm-up run, then --repeats timed runs. Speedups are ratios of medians taken
 in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
@@ -42,15 +45,15 @@ from typing import Any, Callable
 import click
 import torch
 
-from seed_tot.cli_options import DEFAULT_PROMPT, load_engine, model_options, parse_k_config
+from seed_tot.cli_options import DEFAULT_PROMPT, load_engine, model_options, parse_batch, parse_k_config
 from seed_tot.engine import summarize
 from seed_tot.engine.params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams
 from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_acceptance
 
-WORKLOADS = ("thoughts", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
+WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
-_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w|vb)\d+)*)$")
+_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)))*)$")
 BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
 
@@ -61,30 +64,43 @@ class ModeSpec:
     mode: str
     k_config: tuple[int, ...]
     n_workers: int | None
-    verify_batch: int
+    verify_batch: int | None  # None: every queued draft
+    draft_batch: int | None = 1  # None: every ready worker
+
+    @property
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of Engine.generate this spec sets."""
+        return dict(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
+                    verify_batch=self.verify_batch, draft_batch=self.draft_batch)
 
 
-def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, verify_batch: int) -> list[ModeSpec]:
+def _batch(value: str) -> int | None:
+    return None if value == "all" else int(value)
+
+
+def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, verify_batch: int | None,
+                draft_batch: int | None = 1) -> list[ModeSpec]:
     specs: list[ModeSpec] = []
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
         if not m or m["mode"] not in MODES:
-            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM] with MODE one of {', '.join(MODES)}",
+            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM] with MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
-        opts = dict(re.findall(r"@(w|vb)(\d+)", m["opts"]))
+        opts = dict(re.findall(r"@(w|vb|db)(\d+|all)", m["opts"]))
         if (m["k"] or opts) and m["mode"] not in DRAFTING_MODES:
             raise click.BadParameter(f"{label!r}: {m['mode']} drafts nothing, it takes no :K or @ settings",
                                      param_hint="--modes")
         if opts and m["mode"] != "seed":
-            raise click.BadParameter(f"{label!r}: @w and @vb are SEED settings", param_hint="--modes")
+            raise click.BadParameter(f"{label!r}: @w, @vb and @db are SEED settings", param_hint="--modes")
         k = tuple(int(c) for c in m["k"].split("-")) if m["k"] else k_config
-        if any(c <= 0 for c in k) or any(int(v) <= 0 for v in opts.values()):
+        if any(c <= 0 for c in k) or any(v != "all" and int(v) <= 0 for v in opts.values()) or opts.get("w") == "all":
             raise click.BadParameter(f"{label!r}: tree widths, workers and batch must be positive",
                                      param_hint="--modes")
         if any(s.label == label for s in specs):
             raise click.BadParameter(f"{label!r} is listed twice", param_hint="--modes")
         specs.append(ModeSpec(label, m["mode"], k, int(opts["w"]) if "w" in opts else n_workers,
-                              int(opts.get("vb", verify_batch))))
+                              _batch(opts["vb"]) if "vb" in opts else verify_batch,
+                              _batch(opts["db"]) if "db" in opts else draft_batch))
     return specs
 
 
@@ -97,9 +113,9 @@ class _CallLog:
     def render_prompt(self, *args, **kwargs) -> str:
         return self.engine.render_prompt(*args, **kwargs)
 
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch) -> list[GenerationResult]:
+    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **kwargs) -> list[GenerationResult]:
         results = self.engine.generate(prompts, params, mode=mode, k_config=k_config, n_workers=n_workers,
-                                       verify_batch=verify_batch)
+                                       verify_batch=verify_batch, **kwargs)
         self.calls.append(results)
         return results
 
@@ -133,11 +149,39 @@ def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
     def run(eng, spec: ModeSpec, index: int) -> None:
         for batch in ([thought] * 3, value_prompts):
-            eng.generate(batch, params, spec.mode, spec.k_config, spec.n_workers, spec.verify_batch)
+            eng.generate(batch, params, **spec.engine_kwargs)
         return None
 
     return run, (f"1 thought batch (3 x the same GSM8K thought prompt, example {example.id}) + 1 value batch "
                  f"(3 different prompts), {params.max_new_tokens} new tokens each")
+
+
+def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
+    """One ToT-BFS step at breadth 3 and n_generate 3: the 3 frontier states' thought prompts, 3 copies
+    each, in one call (9 sequences), then the 9 new states' value prompts in one call."""
+    from seed_tot.search.protocol import Example, State
+    from seed_tot.tasks.gsm8k import GSM8K
+
+    task = GSM8K()
+    example = (task.load(data, limit=1)[0] if data else
+               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
+    lines = [ln.strip() for ln in example.data["answer"].splitlines() if ln.strip() and "####" not in ln]
+    lines += ["Let us check the previous step.", "Now compute the total.", "Write the final answer."]
+    steps = [f"{task.prompts['step_header'].format(k=1)} {line}" for line in lines[:3]]
+    frontier = [State((step,)) for step in steps]  # three different one-step states
+    thoughts = [engine.render_prompt(p.user, p.assistant_prefix)
+                for p in (task.thought_prompt(example, s) for s in frontier) for _ in range(3)]
+    seconds = [f"{task.prompts['step_header'].format(k=2)} {line}" for line in lines[-3:]]
+    children = [State(s.thoughts + (second,)) for s in frontier for second in seconds]  # 9 different states
+    values = [engine.render_prompt(v.user, v.assistant_prefix) for v in (task.value_prompt(example, c) for c in children)]
+
+    def run(eng, spec: ModeSpec, index: int) -> None:
+        for batch in (thoughts, values):
+            eng.generate(batch, params, **spec.engine_kwargs)
+        return None
+
+    return run, (f"1 ToT step at breadth 3 (GSM8K example {example.id}): 9 thought sequences (3 states x 3) + "
+                 f"9 value prompts, {params.max_new_tokens} new tokens each")
 
 
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
@@ -156,7 +200,7 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
 
     def run(eng, spec: ModeSpec, index: int) -> list[str]:
         s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
-                            verify_batch=spec.verify_batch)
+                            verify_batch=spec.verify_batch, draft_batch=spec.draft_batch)
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
         solve_dataset(eng, task, examples, settings=s, output_dir=out)
         lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
@@ -242,7 +286,8 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
         tokens_per_run = total.new_tokens / len(r.runs)  # identical runs under greedy decoding
         row.update(new_tokens_per_run=tokens_per_run, tokens_per_s=tokens_per_run / r.median,
                    acceptance_rate=total.acceptance_rate, tokens_per_target_forward=total.tokens_per_target_forward,
-                   rows_per_target_forward=total.rows_per_target_forward,
+                   rows_per_target_forward=total.rows_per_target_forward, cache_share=total.cache_share,
+                   draft_forwards_per_token=total.draft_forwards / total.new_tokens if total.new_tokens else 0.0,
                    target_busy_fraction=total.target_busy_fraction, target_forwards=round(total.target_forwards, 6),
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
@@ -278,7 +323,7 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
 def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | None) -> str:
     match_header = "predictions == ar" if tot else "tokens == ar"
     headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", "tokens/s", "acceptance",
-               "tokens/target fwd", "rows/target fwd", "target busy", "peak MiB", match_header]
+               "tokens/target fwd", "rows/target fwd", "target busy", "cache share", "peak MiB", match_header]
     body = []
     for row in rows:
         accept = "-" if row["mode"] not in DRAFTING_MODES else f"{row['acceptance_rate']:.3f}"
@@ -290,7 +335,7 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
         body.append([row["label"], f"{row['wall_median_s']:.3f} [{row['wall_min_s']:.3f}-{row['wall_max_s']:.3f}]",
                      _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), f"{row['tokens_per_s']:.1f}",
                      accept, f"{row['tokens_per_target_forward']:.2f}", f"{row['rows_per_target_forward']:.2f}",
-                     f"{row['target_busy_fraction']:.0%}",
+                     f"{row['target_busy_fraction']:.0%}", f"{row['cache_share']:.1%}",
                      f"{row['peak_memory_mib']:.0f}", match])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *body]]
@@ -314,13 +359,16 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.command()
 @click.option("--workload", type=click.Choice(WORKLOADS), default="thoughts", show_default=True)
 @click.option("--modes", default="ar,parallel,sd,mcsd,seed", show_default=True,
-              help="Comma-separated MODE[:K-K-K][@wN][@vbM], e.g. ar,sd,mcsd:2-2-1,seed,seed:2-2-1,seed@vb3.")
+              help="Comma-separated MODE[:K-K-K][@wN][@vbM][@dbM], e.g. ar,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball.")
 @model_options
 @click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True,
               help="Default draft-tree shape of sd (its depth), mcsd and seed.")
 @click.option("--n-workers", type=click.IntRange(min=1), default=None,
               help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--verify-batch", callback=parse_batch, default="1", show_default=True,
+              help="SEED drafts verified per target forward (a number or 'all').")
+@click.option("--draft-batch", callback=parse_batch, default="1", show_default=True,
+              help="SEED ready workers drafted per draft forward (a number or 'all').")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")
@@ -339,10 +387,11 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Random models of these real shapes with an acceptance oracle instead of --target/--draft.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
-def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, temperature,
+def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
+          temperature,
           max_new_tokens, data, limit, output_dir, repeats, warmup, seed, json_file, trace_dir, synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
-    specs = parse_modes(modes, k_config, n_workers, verify_batch)
+    specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
     if synthetic and (target or draft):
         raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
     if synthetic:
@@ -351,7 +400,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     else:
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.mode for s in specs])
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
-    greedy, tot = temperature == 0, workload != "thoughts"
+    greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None
     if trace_dir:
         from seed_tot.trace import TraceRecorder
@@ -363,7 +412,8 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         else:
             params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
                                     seed=seed)
-            run, description = thoughts_workload(engine, data, params)
+            make = tot_step_workload if workload == "tot-step" else thoughts_workload
+            run, description = make(engine, data, params)
         try:
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup)
         finally:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_k_config, policy_kwargs,
-                                  policy_options)
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_batch, parse_k_config,
+                                  policy_kwargs, policy_options)
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
 
@@ -46,7 +46,10 @@ def main(verbose: int) -> None:
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--num-samples", "-n", type=int, default=1, show_default=True, help="Copies of the prompt (a ToT thought batch).")
 @click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", type=int, default=1, show_default=True, help="SEED: drafts verified per target forward.")
+@click.option("--verify-batch", callback=parse_batch, default="1", show_default=True,
+              help="SEED: queued drafts verified per target forward (a number or 'all').")
+@click.option("--draft-batch", callback=parse_batch, default="1", show_default=True,
+              help="SEED: ready draft workers drafted per draft forward (a number or 'all'; 1: a thread per worker).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
@@ -55,7 +58,7 @@ def main(verbose: int) -> None:
 @pipeline_options
 @policy_options
 def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
-             max_new_tokens, num_samples, n_workers, verify_batch, stop, seed, raw, trace_dir, as_json,
+             max_new_tokens, num_samples, n_workers, verify_batch, draft_batch, stop, seed, raw, trace_dir, as_json,
              draft_policy, policy_option, head_dir, **pipeline):
     """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
     from seed_tot import SamplingParams
@@ -78,7 +81,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
         results = engine.generate([rendered] * num_samples, params, mode=mode, k_config=k_config,
-                                  n_workers=n_workers, verify_batch=verify_batch, **policy)
+                                  n_workers=n_workers, verify_batch=None if verify_batch == "all" else verify_batch,
+                                  draft_batch=None if draft_batch == "all" else draft_batch, **policy)
         tracer.add_call(mode, results)
     for i, r in enumerate(results):
         if as_json:
@@ -110,7 +114,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--temperature", type=float, default=None)
 @click.option("--max-new-tokens", type=int, default=None)
 @click.option("--n-workers", type=int, default=None)
-@click.option("--verify-batch", type=int, default=None)
+@click.option("--verify-batch", callback=parse_batch, default=None, help="SEED: a number or 'all'.")
+@click.option("--draft-batch", callback=parse_batch, default=None, help="SEED: a number or 'all'.")
 @click.option("--seed", type=int, default=None)
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
@@ -125,7 +130,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--cpus-per-worker", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
-          algorithm, temperature, max_new_tokens, n_workers, verify_batch, seed, output, resume, trace_dir,
+          algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           ray_address, workers, gpus_per_worker, cpus_per_worker):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
@@ -145,7 +150,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
-                               max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch, seed=seed)
+                               max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
+                               draft_batch=draft_batch, seed=seed)
     if ray_address is not None:
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
                                 output, resume, workers, gpus_per_worker, cpus_per_worker)

@@ -75,3 +75,17 @@ def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES
 
 DEFAULT_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                   "How many clips did Natalia sell altogether in April and May?")
+
+
+def parse_batch(ctx, param, value):
+    """--verify-batch / --draft-batch: a positive number, or 'all' (every queued draft / ready worker).
+    Returns an int, the string 'all', or None when not given."""
+    if value is None or value == "all":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise click.BadParameter(f"{value!r} is neither a positive number nor 'all'")
+    return number

@@ -35,7 +35,7 @@ class ScriptedEngine:
         return rendered.removeprefix("<user>").split("</user>")[0]
 
     def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
-                 n_workers: int | None, verify_batch: int) -> list[GenerationResult]:
+                 n_workers: int | None, verify_batch: int, **engine_options) -> list[GenerationResult]:
         if not prompts:
             raise ValueError("prompts is empty")  # like the real engine
         self.calls.append(RecordedCall(list(prompts), params, mode, tuple(k_config), n_workers, verify_batch))

@@ -202,3 +202,24 @@ def test_tokens_per_second_uses_the_median_run(thoughts_run):
     _, data = thoughts_run
     for m in data["modes"]:
         assert m["tokens_per_s"] == pytest.approx(m["new_tokens_per_run"] / m["wall_median_s"])
+
+
+def test_batch_suffixes_set_draft_and_verify_batch_per_mode():
+    specs = parse_modes("seed@db1@vb1,seed@dball@vball,seed@db3", (1, 1, 1), None, 1, None)
+    assert [(s.label, s.draft_batch, s.verify_batch) for s in specs] == [
+        ("seed@db1@vb1", 1, 1), ("seed@dball@vball", None, None), ("seed@db3", 3, 1)]
+    for bad in ("seed@db0", "seed@dbx", "sd@db2", "seed@wall"):
+        with pytest.raises(click.BadParameter):
+            parse_modes(bad, (1, 1, 1), None, 1)
+
+
+def test_tot_step_workload_runs_18_sequences_and_batched_seed_matches_ar(tmp_path):
+    out = tmp_path / "step.json"
+    _bench("--workload", "tot-step", "--modes", "ar,parallel,seed@db1@vb1,seed@dball@vball", "--max-new-tokens", "4",
+           "--repeats", "1", "--warmup", "0", "--json", str(out))
+    data = json.loads(out.read_text())
+    rows = {m["label"]: m for m in data["modes"]}
+    assert rows["ar"]["new_tokens_per_run"] == 18 * 4  # 9 thoughts + 9 values, nothing stops early
+    assert all(m["matches_ar"] for m in data["modes"])
+    assert rows["seed@dball@vball"]["rows_per_target_forward"] > 1 >= rows["seed@db1@vb1"]["rows_per_target_forward"] - 1e-9
+    assert 0 <= rows["seed@dball@vball"]["cache_share"] < 1

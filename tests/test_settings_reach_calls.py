@@ -35,7 +35,7 @@ class BudgetEngine:
                 return self.gold_plan[done]
         return "good. The coherency score is 7. The answer is 7."
 
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch):
+    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
         self.budgets.append(params.max_new_tokens)
         return [GenerationResult(token_ids=[1], text=self._reply(p), stats=GenerationStats(new_tokens=1, wall_s=0.01),
                                  finish_reason="length") for p in prompts]

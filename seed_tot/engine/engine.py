@@ -268,6 +268,7 @@ class Engine:
         results = []
         for seq in seqs:
             seq.stats.wall_s = wall
+            seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
 

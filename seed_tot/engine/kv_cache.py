@@ -10,6 +10,7 @@ Stock transformers models take the 4D mask and position ids as they are: no fork
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from transformers import DynamicCache
@@ -31,6 +32,7 @@ class KVCache:
         self.cache = cache if cache is not None else DynamicCache()
         self.committed = committed
         self.parents: list[int] = []  # per uncommitted entry: its parent entry, -1 = the prefix
+        self.copy_s = 0.0  # seconds spent moving KV tensors (dropping entries, batching rows): cache management
 
     @property
     def length(self) -> int:
@@ -80,6 +82,11 @@ class KVCache:
         self.parents = []
 
     def _select(self, index) -> None:
+        start = time.perf_counter()
+        self._select_layers(index)
+        self.copy_s += time.perf_counter() - start
+
+    def _select_layers(self, index) -> None:
         for layer in self.cache.layers:
             if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
                 continue
@@ -127,6 +134,7 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
             query_pos[b, row] = key_pos[b, n_hist + row] = kv.length
     n_prefix = n_hist  # the stacked history every row is padded to
     mask = build_attention_mask(layout, allowed, query_pos, key_pos, dtype, device)
+    copy_start = time.perf_counter()
     stacked = DynamicCache()
     if n_prefix:  # a batch of one-token prompts has no history yet: nothing to stack
         template = next(kv for kv in caches if kv.length == n_prefix).cache.layers
@@ -138,8 +146,10 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
                 keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
+    copy_s = time.perf_counter() - copy_start
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
                 attention_mask=mask, past_key_values=stacked, use_cache=True)
+    copy_start = time.perf_counter()
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         keep = slice(n_prefix - kv.length, n_prefix + len(toks))
@@ -149,6 +159,10 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
         kv.cache = fresh
         kv.parents = kv.parents + list(pars)
         logits.append(out.logits[b, : len(toks)])
+    # the padded copy in and the split out are what this layout costs per forward (issue 10 measures it)
+    copy_s += time.perf_counter() - copy_start
+    for kv in caches:
+        kv.copy_s += copy_s / batch
     return logits
 
 

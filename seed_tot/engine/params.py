@@ -75,11 +75,12 @@ class GenerationStats:
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
     draft_busy_s: float = 0.0
+    kv_copy_s: float = 0.0  # cache management: moving KV tensors (batch stacking, dropping rejected entries)
     wall_s: float = 0.0
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
 
     COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
-                "target_prefills", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s")
+                "target_prefills", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s", "kv_copy_s")
 
     @property
     def acceptance_rate(self) -> float:
@@ -96,6 +97,12 @@ class GenerationStats:
         return self.verifications / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def cache_share(self) -> float:
+        """Cache management as a fraction of the models' busy time."""
+        busy = self.target_busy_s + self.draft_busy_s
+        return self.kv_copy_s / busy if busy else 0.0
+
+    @property
     def target_busy_fraction(self) -> float:
         return min(1.0, self.target_busy_s / self.wall_s) if self.wall_s else 0.0
 
@@ -108,7 +115,7 @@ class GenerationStats:
         if not with_events:
             d.pop("events")
         d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_forward=self.tokens_per_target_forward,
-                 rows_per_target_forward=self.rows_per_target_forward,
+                 rows_per_target_forward=self.rows_per_target_forward, cache_share=self.cache_share,
                  target_busy_fraction=self.target_busy_fraction)
         return d
 

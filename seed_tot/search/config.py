@@ -38,7 +38,8 @@ class RunSettings:
     mode: str = "seed"
     k_config: tuple[int, ...] = (1, 1, 1)
     n_workers: int | None = None  # draft workers (seed mode); None: the engine's default
-    verify_batch: int = 1
+    verify_batch: int | str = 1  # a number or "all" (every queued draft)
+    draft_batch: int | str = 1  # a number or "all" (every ready draft worker)
     seed: int = 0
     max_expansions: int = DEFAULT_MAX_EXPANSIONS  # DFS only
     task: str | None = None  # the task a config file was written for (informational)
@@ -46,7 +47,8 @@ class RunSettings:
 
     def decoding(self) -> DecodingSettings:
         return DecodingSettings(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
-                                verify_batch=self.verify_batch, temperature=self.search.temperature,
+                                verify_batch=_batch_size(self.verify_batch),
+                                draft_batch=_batch_size(self.draft_batch), temperature=self.search.temperature,
                                 max_new_tokens=self.search.max_new_tokens, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +61,16 @@ def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a positive integer, got {value!r}")
     return value
+
+
+def _batch_size(value: int | str) -> int | None:
+    return None if value == "all" else value
+
+
+def _positive_int_or_all(value: Any) -> int | str:
+    if value == "all" or value is None:  # None: the engine's "every one" (Python callers)
+        return "all"
+    return _positive_int(value)
 
 
 def _optional_positive_int(value: Any) -> int | None:
@@ -123,7 +135,8 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "mode": (_one_of(MODES), False),
     "k_config": (_k_config, False),
     "n_workers": (_optional_positive_int, False),
-    "verify_batch": (_positive_int, False),
+    "verify_batch": (_positive_int_or_all, False),
+    "draft_batch": (_positive_int_or_all, False),
     "seed": (_integer, False),
     "max_expansions": (_positive_int, False),
     "task": (_text, False),

@@ -32,7 +32,7 @@ class GenerationEngine(Protocol):
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str: ...
 
     def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
-                 n_workers: int | None, verify_batch: int) -> list[GenerationResult]: ...
+                 n_workers: int | None, verify_batch: int | None, **engine_options) -> list[GenerationResult]: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class DecodingSettings:
     mode: str = "seed"
     k_config: tuple[int, ...] = (1, 1, 1)
     n_workers: int | None = None
-    verify_batch: int = 1
+    verify_batch: int | None = 1  # None: every queued draft
+    draft_batch: int | None = 1  # None: every ready draft worker
     temperature: float = 1.0
     # The most new tokens any one call may generate: a Prompt's own max_new_tokens (a task's
     # per-kind budget, e.g. a short value call) is capped by it, and None means exactly this.
@@ -113,7 +114,8 @@ class LLMCaller:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
                                 seed=self._base_seed + self._calls * SEED_STRIDE)
         self._calls += 1
-        results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch)
+        results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch,
+                                       draft_batch=s.draft_batch)
         if len(results) != len(rendered):
             raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
         call = summarize(results)  # wall time counted once per call, not once per sequence
