@@ -11,8 +11,7 @@ from typing import Sequence as Seq
 import torch
 
 from .kv_cache import KVCache, layout_of
-from .models import (DEFAULT_DRAFT_LAYERS, default_target, load_model_and_tokenizer, resolve_device,
-                     truncated_draft)
+from .models import DEFAULT_DRAFT_LAYERS, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
 from .speculative import draft_round, prefill, verify_round
@@ -57,7 +56,10 @@ class Engine:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         target = target or default_target()
-        target_model, tokenizer = load_model_and_tokenizer(target, dev, dtype)
+        tokenizer = load_tokenizer(target)
+        if load_draft and draft is not None:  # tokenizers first: a mismatch fails before any weights load
+            check_same_vocabulary(tokenizer, load_tokenizer(draft), target, draft)
+        target_model = load_model(target, dev, dtype)
         if not load_draft:
             if draft is not None:
                 log.info("not loading draft %s: the requested mode runs the target alone", draft)
@@ -65,9 +67,7 @@ class Engine:
         if draft is None:
             draft_model, draft_name = truncated_draft(target_model, draft_layers), f"{target}[:{draft_layers} layers]"
         else:
-            draft_model, draft_tokenizer = load_model_and_tokenizer(draft, dev, dtype)
-            check_same_vocabulary(tokenizer, draft_tokenizer, target, draft)
-            draft_name = draft
+            draft_model, draft_name = load_model(draft, dev, dtype), draft
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
 
     def _seed_loop(self) -> "_BackgroundLoop":

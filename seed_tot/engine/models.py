@@ -34,24 +34,60 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype | None):
-    """`name` is a Hub id, a local directory, or a path to a `.gguf` file (de-quantised by transformers)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+# What a model directory holds: a config beside its weights (or a GGUF file, passed by path).
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    kwargs: dict = {}
+
+def model_source(name: str) -> tuple[str, dict]:
+    """(what to pass to from_pretrained, its extra keywords) for a Hub id, a local directory or a
+    `.gguf` path; a local path that is missing or holds no model is a one-line error here rather
+    than a Hub id error ("Repo id must be in the form ...") or a long tokenizer error later."""
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():
-            raise FileNotFoundError(f"model file {name} does not exist")
-        source, kwargs["gguf_file"] = str(path.parent), path.name
-    else:
-        source = str(path) if path.exists() else name
+            raise FileNotFoundError(f"model file {name}: no such file")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(p.name for p in path.glob("*.gguf"))
+            hint = (f"; pass the .gguf file itself, e.g. {path / ggufs[0]}" if ggufs
+                    else "; expected config.json and the weights (*.safetensors or *.bin)")
+            raise FileNotFoundError(f"no model files in {name} (no config.json){hint}")
+        if not any(any(path.glob(pattern)) for pattern in _WEIGHT_PATTERNS):
+            raise FileNotFoundError(f"no model files in {name}: config.json but no weights "
+                                    f"(*.safetensors or *.bin)")
+        return str(path), {}
+    if path.exists():
+        raise FileNotFoundError(f"model path {name} is a file: pass its directory, or a .gguf file")
+    # "org/name" is a Hub id; anything else shaped like a path is a local directory that is missing.
+    if name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") > 1 or "\\" in name:
+        raise FileNotFoundError(f"model directory {name}: no such directory")
+    return name, {}
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of `name` (a Hub id, a local directory or a `.gguf` path): fast to load, so
+    the two models' vocabularies are compared before any weights load."""
+    from transformers import AutoTokenizer
+
+    source, kwargs = model_source(name)
+    return AutoTokenizer.from_pretrained(source, **kwargs)
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype | None):
+    from transformers import AutoModelForCausalLM
+
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    source, kwargs = model_source(name)
     log.info("loading %s (%s, %s)", name, device, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
-    return model, tokenizer
+    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+
+
+def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype | None):
+    """`name` is a Hub id, a local directory, or a path to a `.gguf` file (de-quantised by transformers)."""
+    tokenizer = load_tokenizer(name)
+    return load_model(name, device, dtype), tokenizer
 
 
 def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> nn.Module:
