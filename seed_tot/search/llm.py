@@ -8,9 +8,10 @@ workloads the SEED paper distinguishes (same prompt n times vs. many different p
 from __future__ import annotations
 
 import logging
+import time
 import zlib
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
 from seed_tot.engine import summarize
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
@@ -57,12 +58,31 @@ def add_stats(total: GenerationStats, call: GenerationStats) -> None:
     total.wall_s += call.wall_s
 
 
+@dataclass
+class ProblemProgress:
+    """Where the search of one problem stands, for a progress display while it runs."""
+
+    key: str = ""
+    steps: int = 0  # thought calls so far: one per BFS level, one per DFS expansion
+    phase: str = ""  # the phase of the call in flight, or of the last one
+    new_tokens: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def tokens_per_s(self) -> float:
+        elapsed = time.perf_counter() - self.start
+        return self.new_tokens / elapsed if elapsed > 0 else 0.0
+
+
 class LLMCaller:
-    def __init__(self, engine: GenerationEngine, settings: DecodingSettings):
+    def __init__(self, engine: GenerationEngine, settings: DecodingSettings,
+                 on_progress: Callable[[ProblemProgress], None] | None = None):
         self.engine = engine
         self.settings = settings
         self.stats: dict[str, GenerationStats] = {}
         self.budgets: dict[str, int] = {}  # phase -> the largest max_new_tokens a call was given
+        self.progress = ProblemProgress()
+        self.on_progress = on_progress  # called before and after every engine call
         self._base_seed = settings.seed
         self._calls = 0
 
@@ -71,6 +91,7 @@ class LLMCaller:
         problems ran before) so a resumed run samples exactly what an uninterrupted one would."""
         self._base_seed = self.settings.seed + zlib.crc32(key.encode("utf-8")) % 1_000_000_007
         self._calls = 0
+        self.progress = ProblemProgress(key)
 
     def take_stats(self) -> dict[str, GenerationStats]:
         """The counters gathered since the last take, per phase; starts a fresh count."""
@@ -114,12 +135,21 @@ class LLMCaller:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
                                 seed=self._base_seed + self._calls * SEED_STRIDE)
         self._calls += 1
+        self.progress.phase = phase
+        self.progress.steps += phase == "thought"
+        self._report()
         results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch,
                                        draft_batch=s.draft_batch)
         if len(results) != len(rendered):
             raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
         call = summarize(results)  # wall time counted once per call, not once per sequence
         add_stats(self.stats.setdefault(phase, GenerationStats()), call)
+        self.progress.new_tokens += call.new_tokens
+        self._report()
         log.info("%s call: %d prompts, %d new tokens, acceptance %.2f", phase, len(rendered),
                   call.new_tokens, call.acceptance_rate)
         return [r.text or "" for r in results]
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.progress)

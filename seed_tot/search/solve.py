@@ -22,7 +22,7 @@ from .bfs import bfs
 from .config import RunSettings, with_search_config
 from .dfs import dfs
 from .expansion import SearchResult, state_to_json
-from .llm import GenerationEngine, LLMCaller
+from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
 
@@ -135,6 +135,7 @@ class ResultsRecorder:
                      len(self.requested_ids) - len(self.todo), len(self.requested_ids))
         self._fh = None
         self._bar = None
+        self._done_postfix: dict[str, str] = {}
 
     def __enter__(self) -> "ResultsRecorder":
         total = len(self.requested_ids)
@@ -151,6 +152,17 @@ class ResultsRecorder:
                         len(self.records()), len(self.requested_ids), self.results_path)
         return False
 
+    def show_progress(self, progress: ProblemProgress) -> None:
+        """The problem in flight on the bar (LLMCaller's on_progress): a one-problem run would
+        otherwise sit at 0% for minutes. Its ToT step of the depth (DFS: expansions of the
+        budget), the phase being generated and its tokens/s, beside the finished problems' figures."""
+        if self.algorithm == "dfs":
+            step = {"expansion": f"{progress.steps}/{self.settings.max_expansions}"}
+        else:
+            step = {"step": f"{progress.steps}/{self.settings.search.depth}"}
+        self._bar.set_postfix({**self._done_postfix, "problem": progress.key, **step, "phase": progress.phase,
+                               "problem tok/s": f"{progress.tokens_per_s:.1f}"})
+
     def records(self) -> list[dict[str, Any]]:
         """The records of the requested problems written so far, in the requested order."""
         return [self.done[i] for i in self.requested_ids if i in self.done]
@@ -161,7 +173,8 @@ class ResultsRecorder:
         os.fsync(self._fh.fileno())
         self.done[str(record["id"])] = record
         self._bar.update(1)
-        self._bar.set_postfix(_progress_postfix(self.records()))
+        self._done_postfix = _progress_postfix(self.records())
+        self._bar.set_postfix(self._done_postfix)
         log.info("%s %s: prediction %r, %.1fs", self.task.name, record["id"], record["prediction"],
                  record.get("wall_s", 0.0))
 
@@ -190,6 +203,7 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     caller = LLMCaller(engine, settings.decoding())
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
                          resume=resume) as recorder:
+        caller.on_progress = recorder.show_progress
         for example in recorder.todo:
             recorder.add(solve_example(caller, task, example, settings, algorithm))
     return recorder.write_summary()
