@@ -36,7 +36,7 @@ def test_generate_greedy_prints_the_same_tokens_in_ar_and_seed(tiny_model_dirs):
 def test_generate_prints_text_and_stats(tiny_model_dirs):
     target, draft = tiny_model_dirs
     out = run("generate", "Hi", "--target", target, "--draft", draft, "--mode", "sd", "--max-new-tokens", "6")
-    assert "acceptance" in out and "tokens/target call" in out and "mode=sd" in out
+    assert "acceptance" in out and "tokens/target forward" in out and "mode=sd" in out
 
 
 def test_modes_without_drafting_do_not_load_the_draft(tmp_path, tiny_model_dirs):
