@@ -1,0 +1,38 @@
+"""Every draft policy keeps the target's distribution (TV test of test_sampling_lossless) in sd and seed."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from test_sampling_lossless import PROMPT, SETTINGS, exact_distribution, pair, tv, tv_bound  # noqa: F401 (pair: a fixture)
+from seed_tot import Engine
+from seed_tot.engine.policies.auto import AutoPolicy, Costs
+from seed_tot.engine.policies.base import HiddenCapture
+from seed_tot.engine.policies.opt_tree import OptTreePolicy
+from seed_tot.engine.policies.specdec import SpecDecPolicy
+from test_specdec import ConstantHead
+
+
+def _policy(name: str, draft):
+    if name == "opt-tree":  # picked candidates: the one-hot verifier rule
+        return OptTreePolicy(n=4, delta=0.0, max_depth=2)
+    if name == "specdec":
+        return SpecDecPolicy(ConstantHead(0.6), h=0.5, min_len=1, max_len=2, capture=HiddenCapture(draft))
+    return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2)
+
+
+SAMPLES = 800  # the bound widens as 1/sqrt(SAMPLES); fewer than the fixed-policy test, to stay fast
+CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]
+         + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature")])
+
+
+@pytest.mark.parametrize("name,mode,setting", CASES)
+def test_policy_samples_follow_the_target_distribution(pair, name, mode, setting):
+    target, draft = pair
+    params = SETTINGS[setting]
+    exact = exact_distribution(target, params)
+    results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode=mode, draft_policy=_policy(name, draft),
+                                             n_workers=8)
+    assert sum(r.stats.accepted for r in results) > 0.05 * SAMPLES  # drafts were really accepted
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
