@@ -275,8 +275,10 @@ class _tracing:
 def _register_bench() -> None:
     from seed_tot.bench import bench
     from seed_tot.training.cli import train_head_command
+    from seed_tot.training.drafter_cli import train_drafter_command
     main.add_command(bench)
     main.add_command(train_head_command)
+    main.add_command(train_drafter_command)
 
 
 _register_bench()

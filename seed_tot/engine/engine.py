@@ -50,14 +50,17 @@ class Engine:
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
                         load_draft: bool = True) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
-        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers.
+        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers. A draft
+        directory from `seed-tot train-drafter` is a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory)."""
         dev = resolve_device(device)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         target = target or default_target()
         tokenizer = load_tokenizer(target)
-        if load_draft and draft is not None:  # tokenizers first: a mismatch fails before any weights load
+        from .drafters import is_drafter_dir, load_drafter
+        drafter_dir = load_draft and draft is not None and is_drafter_dir(draft)  # shares the target's vocabulary
+        if load_draft and draft is not None and not drafter_dir:  # tokenizers first: a mismatch fails before any weights load
             check_same_vocabulary(tokenizer, load_tokenizer(draft), target, draft)
         target_model = load_model(target, dev, dtype)
         if not load_draft:
@@ -66,6 +69,8 @@ class Engine:
             return cls(target_model, None, tokenizer, target_name=target, draft_name="none")
         if draft is None:
             draft_model, draft_name = truncated_draft(target_model, draft_layers), f"{target}[:{draft_layers} layers]"
+        elif drafter_dir:  # a trained drafter (seed-tot train-drafter): checked against this target
+            draft_model, draft_name = load_drafter(draft, target_model, target), draft
         else:
             draft_model, draft_name = load_model(draft, dev, dtype), draft
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
@@ -245,7 +250,7 @@ class Engine:
                 raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
-        name = draft_policy or "fixed"
+        name = draft_policy or getattr(self.draft, "default_policy", "fixed")  # a ParallelSpec drafter: parallelspec
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         cache = self.__dict__.setdefault("_policies", {})
         if key not in cache:

@@ -7,7 +7,6 @@ have learned anything about *which* tokens get accepted.
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,10 @@ from torch.nn import functional as F
 
 from seed_tot.engine.policies.head import AcceptanceHead
 
+from . import checkpoints
 from .specdec_data import HeadData
 
-log = logging.getLogger(__name__)
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = checkpoints.CHECKPOINT
 
 
 def weighted_bce(logits: torch.Tensor, labels: torch.Tensor, w_acc: float, w_rej: float,
@@ -64,13 +63,7 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
     train, held = split(data, heldout_fraction, seed)
     optim = torch.optim.AdamW(head.parameters(), lr=lr)
     out.mkdir(parents=True, exist_ok=True)
-    step, ckpt = 0, out / CHECKPOINT
-    if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
-        head.load_state_dict(state["head"])
-        optim.load_state_dict(state["optim"])
-        step = int(state["step"])
-        log.info("resuming %s at step %d", ckpt, step)
+    step = checkpoints.resume(out, "head", head, optim)
     generator = torch.Generator().manual_seed(seed + step)
     head.train()
     while step < steps:
@@ -83,7 +76,7 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
         if progress is not None:
             progress(step, loss.item())
         if step % checkpoint_every == 0 or step == steps:
-            torch.save({"head": head.state_dict(), "optim": optim.state_dict(), "step": step}, ckpt)
+            checkpoints.save(out, "head", head, optim, step)
     head.eval()
     with torch.no_grad():
         held_loss = float(weighted_bce(head(held.hidden), held.labels, w_acc, w_rej))

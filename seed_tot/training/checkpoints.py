@@ -1,0 +1,27 @@
+"""Resumable training checkpoints shared by the trainers (SpecDec++ head, drafters): DIR/checkpoint.pt
+holds the trained module's state, the optimizer's and the step, so rerunning a command resumes."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
+
+
+def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
+    """Load out/checkpoint.pt into `module` (stored under `key`) and `optim`; the step to go on from (0: fresh)."""
+    ckpt = out / CHECKPOINT
+    if not ckpt.is_file():
+        return 0
+    state = torch.load(ckpt, weights_only=True)
+    module.load_state_dict(state[key])
+    optim.load_state_dict(state["optim"])
+    log.info("resuming %s at step %d", ckpt, int(state["step"]))
+    return int(state["step"])
+
+
+def save(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> None:
+    torch.save({key: module.state_dict(), "optim": optim.state_dict(), "step": step}, out / CHECKPOINT)

@@ -1,0 +1,117 @@
+"""`seed-tot train-drafter`: train a ParallelSpec (or same-size autoregressive) drafter for a target."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+log = logging.getLogger(__name__)
+DATA_FILE = "data.safetensors"
+
+
+def _task_list(ctx, param, value) -> tuple[str, ...]:
+    from .drafter_data import TASKS
+
+    names = tuple(n.strip().replace("-", "_") for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in TASKS]
+    if not names or unknown:
+        raise click.BadParameter(f"expected a comma-separated subset of {','.join(TASKS)}, got {value!r}")
+    return names
+
+
+@click.command("train-drafter")
+@click.option("--method", type=click.Choice(["parallelspec", "autoregressive"]), default="parallelspec", show_default=True)
+@click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct).")
+@click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help='JSONL training questions, one {"question": ...} per line (GSM8K *train*; never test data).')
+@click.option("--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="parallelspec: [MASK] tokens (drafts k+1 per forward); autoregressive: held-out chain is k+1 long.")
+@click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Decoder layers of the drafter.")
+@click.option("--steps", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Drafter, config, cached data and checkpoints go here; rerun to resume.")
+@click.option("--tasks", default="gsm8k,blocksworld,creative_writing", show_default=True, callback=_task_list,
+              help="Which task prompts to render from the train questions.")
+@click.option("--max-examples", type=click.IntRange(min=2), default=256, show_default=True,
+              help="Train questions read from --data.")
+@click.option("--heldout", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Prompts kept out of training, for the final acceptance (tau).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Target response length.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Of the target's responses (0 = greedy).")
+@click.option("--gen-batch", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts per batched target call.")
+@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences per training step.")
+@click.option("--max-groups", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Group anchors per sequence and step (drawn from the response positions).")
+@click.option("--context", type=click.IntRange(min=1), default=256, show_default=True, help="Prompt tokens kept per sample.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
+                          max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype, seed):
+    """Generate the target's responses to the project's own prompts, train the drafter on them (progress
+    on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
+    import time
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from seed_tot import Engine, SamplingParams
+    from seed_tot.engine.drafters import ParallelDrafter, save_drafter
+    from seed_tot.tasks.loading import load_records
+
+    from .drafter_data import generate_samples, pack, task_prompts, unpack
+    from .drafter_train import heldout_tau, train_drafter
+
+    out = Path(out_dir)
+    engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    records = load_records(data_file, required=("question",), limit=max_examples)
+    prompts = engine.encode(task_prompts(engine, records, tasks, seed))
+    if len(prompts) <= heldout:
+        raise click.UsageError(f"{len(prompts)} prompts from {data_file} leave nothing to train on after "
+                               f"--heldout {heldout}; raise --max-examples")
+    train_prompts, held_prompts = prompts[:-heldout], prompts[-heldout:]
+    data_meta = {"target": engine.target_name, "data": str(data_file), "max_examples": max_examples, "tasks": list(tasks),
+                 "max_new_tokens": max_new_tokens, "temperature": temperature, "context": context, "seed": seed,
+                 "heldout": heldout}
+    data_path, meta_path = out / DATA_FILE, out / "data.json"
+    gen_start = time.perf_counter()
+    if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == data_meta:
+        samples = unpack(load_file(str(data_path)))
+        click.echo(f"reusing {len(samples)} cached samples from {data_path}", err=True)
+    else:
+        with tqdm(total=len(train_prompts), desc="target responses", unit="prompt") as bar:
+            samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.update)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(pack(samples), str(data_path))
+        meta_path.write_text(json.dumps(data_meta, indent=2) + "\n", encoding="utf-8")
+    gen_s = time.perf_counter() - gen_start
+    response_tokens = sum(len(s.tokens) - s.start for s in samples)
+    click.echo(f"{len(samples)} samples, {response_tokens} response tokens", err=True)
+    torch.manual_seed(seed)
+    drafter = ParallelDrafter(engine.target, k if method == "parallelspec" else 0, layers)
+    train_start = time.perf_counter()
+    with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
+        def progress(step: int, loss: float, accuracy: list[float]) -> None:
+            bar.n = step
+            bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
+            bar.refresh()
+        result = train_drafter(drafter, samples, steps, out, batch=batch, lr=lr, max_groups=max_groups, seed=seed,
+                               progress=progress)
+    train_s = time.perf_counter() - train_start
+    # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
+    tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer), [p[-context:] for p in held_prompts], k + 1,
+                      min(max_new_tokens, 64))
+    training = {**data_meta, "method": method, "steps": result.steps, "batch": batch, "lr": lr, "max_groups": max_groups,
+                "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
+                "samples": len(samples), "response_tokens": response_tokens,
+                "generate_minutes": gen_s / 60, "train_minutes": train_s / 60}
+    save_drafter(drafter, out, engine.target, engine.target_name, training)
+    click.echo(json.dumps({"drafter": str(out), "method": method, "k": drafter.n_masks, "layers": layers,
+                           "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau,
+                           "weights_mb": (out / "drafter.safetensors").stat().st_size / 2**20}, indent=2))
