@@ -288,6 +288,8 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    acceptance_rate=total.acceptance_rate, tokens_per_target_forward=total.tokens_per_target_forward,
                    rows_per_target_forward=total.rows_per_target_forward, cache_share=total.cache_share,
                    draft_forwards_per_token=total.draft_forwards / total.new_tokens if total.new_tokens else 0.0,
+                   # what a drafter costs per round (ParallelSpec's one forward vs an AR drafter's k)
+                   draft_ms_per_round=1000 * total.draft_busy_s / total.verifications if total.verifications else 0.0,
                    target_busy_fraction=total.target_busy_fraction, target_forwards=round(total.target_forwards, 6),
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
