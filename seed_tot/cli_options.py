@@ -24,7 +24,8 @@ def model_options(fn):
     """--target/--draft/... shared by every command that loads models."""
     for option in reversed([
         click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
-        click.option("--draft", default=None, help="Hub id, local dir or .gguf file (default: the target's first --draft-layers layers)."),
+        click.option("--draft", default=None, help="Hub id, local dir or .gguf file, or a drafter dir from `seed-tot train-drafter` "
+                                                   "(default: the target's first --draft-layers layers)."),
         click.option("--draft-layers", default=4, show_default=True, help="Depth of the default layer-truncated draft."),
         click.option("--device", default="auto", show_default=True),
         click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)."),
@@ -39,7 +40,8 @@ def policy_options(fn):
 
     for option in reversed([
         click.option("--draft-policy", type=click.Choice(POLICIES), default=None,
-                     help="fixed (k_config shapes, the default), opt-tree, specdec or auto."),
+                     help="fixed (k_config shapes, the default), opt-tree, specdec, auto, or parallelspec "
+                          "(the default with a ParallelSpec --draft DIR)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
                      help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
