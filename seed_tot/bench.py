@@ -185,7 +185,7 @@ def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
 
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
-                 seed: int, out_root: Path) -> tuple[Workload, str]:
+                 seed: int, out_root: Path, concurrency: int = 1) -> tuple[Workload, str]:
     from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
     from seed_tot.tasks import get_task
 
@@ -202,11 +202,13 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
         s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
                             verify_batch=spec.verify_batch, draft_batch=spec.draft_batch)
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
-        solve_dataset(eng, task, examples, settings=s, output_dir=out)
+        solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=concurrency)
         lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
-        return [json.loads(line)["prediction"] for line in lines if line.strip()]
+        by_id = {r["id"]: r["prediction"] for r in (json.loads(line) for line in lines if line.strip())}
+        return [by_id[ex.id] for ex in examples]  # data order: concurrent runs write in finishing order
 
-    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s), depth {settings.search.depth}, "
+    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s) ({concurrency} at once), "
+                 f"depth {settings.search.depth}, "
                  f"n_generate {settings.search.n_generate}, breadth {settings.search.breadth}, "
                  f"max_new_tokens {settings.search.max_new_tokens}")
 
@@ -376,6 +378,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")
 @click.option("--data", type=click.Path(), default=None, help="Local task data (thoughts: a GSM8K JSONL).")
 @click.option("--limit", type=click.IntRange(min=1), default=1, show_default=True, help="Problems per tot-* run.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tot-*: problems searched at once on the one engine.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed runs after a warm-up.")
 @click.option("--output", "output_dir", type=click.Path(file_okay=False), default=None,
               help="tot-*: keep each run's results.jsonl and summary.json here (default: a temporary directory).")
@@ -390,8 +394,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
-          temperature,
-          max_new_tokens, data, limit, output_dir, repeats, warmup, seed, json_file, trace_dir, synthetic, alpha):
+          temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
+          synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
     if synthetic and (target or draft):
@@ -410,7 +414,8 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         recorder.start()
     with (contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="seed-tot-bench-")) as tmp:
         if tot:
-            run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp))
+            run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp),
+                                            concurrency)
         else:
             params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
                                     seed=seed)

@@ -120,6 +120,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Problems searched at once on one engine (their sequences share batched forwards in seed mode).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[auto|local|ADDRESS]",
               help="Solve on Ray actors, one engine each. auto (the bare flag): a running cluster, else a new local "
                    "one; local: a new local one; or a cluster's address.")
@@ -131,7 +133,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
-          ray_address, workers, gpus_per_worker, cpus_per_worker):
+          concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -143,6 +145,9 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     given = [name for name, value in ray_only.items() if value is not None]
     if ray_address is None and given:
         raise click.UsageError(f"{', '.join(given)} only apply with --ray")
+    if ray_address is not None and concurrency > 1:
+        raise click.UsageError("--concurrency runs several searches on this process's engine; with --ray, "
+                               "scale with --workers (several searches per actor are not built yet)")
     if ray_address is not None and trace_dir is not None:
         raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
@@ -159,7 +164,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
     with _tracing(trace_dir, "solve") as tracer:
-        summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume)
+        summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
+                                concurrency=concurrency)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
 
 

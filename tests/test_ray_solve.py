@@ -23,7 +23,8 @@ from click.testing import CliRunner
 from seed_tot.cli import main
 from seed_tot.search import apply_overrides, load_settings, solve_dataset
 from seed_tot.search.distributed import EnginePool, EngineSpec, RayRunError, solve_dataset_ray, solve_on_ray
-from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
+from seed_tot.search.protocol import Example, Prompt, State
+from short_task import ShortTask
 
 TESTS = Path(__file__).resolve().parent
 PROBLEMS = [("apples", "7"), ("pens", "12"), ("pages", "84"), ("marbles", "3"), ("cookies", "24")]
@@ -31,46 +32,6 @@ WORDS = tuple(word for word, _ in PROBLEMS)  # one per problem, in all its promp
 # Keys whose values are clock readings (seconds end in "_s"), ratios of them, or output paths:
 # they legitimately differ between two runs of the same problems.
 CLOCK_RATIOS = ("busy_fraction", "cache_share")
-
-
-class ShortTask:
-    """A real ToT task with prompts of a few characters, so tiny models answer in milliseconds
-    (the built-in tasks' few-shot prompts take a tiny model seconds per call on a busy CPU):
-    thoughts are free text, a state's value is the count of vowels in the model's rating reply."""
-
-    name = "short"
-
-    def __init__(self):
-        self.config = SearchConfig(depth=2, n_generate=2, breadth=1, max_new_tokens=6)
-
-    def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
-        rows = rows[offset:None if limit is None else offset + limit]
-        return [Example(id=str(offset + i), data=row) for i, row in enumerate(rows)]
-
-    def thought_prompt(self, example: Example, state: State) -> Prompt:
-        return Prompt(user=f"{example.data['question']}:{'/'.join(state.thoughts)}")
-
-    def extend(self, state: State, thought: str) -> State:
-        return State(state.thoughts + (thought,))
-
-    def value_prompt(self, example: Example, state: State) -> Prompt:
-        return Prompt(user=f"rate {example.data['question']}:{'/'.join(state.thoughts)}", max_new_tokens=3)
-
-    def parse_value(self, text: str) -> float:
-        return float(sum(c in "aeiou" for c in text))
-
-    def is_final(self, example: Example, state: State) -> bool:
-        return False
-
-    def answer_prompt(self, example: Example, state: State) -> Prompt:
-        return Prompt(user=f"answer {example.data['question']}:{'/'.join(state.thoughts)}", max_new_tokens=4)
-
-    def prediction(self, example: Example, state: State, answer: str) -> str:
-        return answer.strip()
-
-    def score(self, example: Example, prediction: str) -> dict:
-        return {"correct": prediction == example.data["answer"]}
 
 
 class BrokenTask(ShortTask):

@@ -10,7 +10,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -152,7 +154,7 @@ class ResultsRecorder:
                         len(self.records()), len(self.requested_ids), self.results_path)
         return False
 
-    def show_progress(self, progress: ProblemProgress) -> None:
+    def show_progress(self, progress: ProblemProgress, in_flight: int = 1) -> None:
         """The problem in flight on the bar (LLMCaller's on_progress): a one-problem run would
         otherwise sit at 0% for minutes. Its ToT step of the depth (DFS: expansions of the
         budget), the phase being generated and its tokens/s, beside the finished problems' figures."""
@@ -160,8 +162,9 @@ class ResultsRecorder:
             step = {"expansion": f"{progress.steps}/{self.settings.max_expansions}"}
         else:
             step = {"step": f"{progress.steps}/{self.settings.search.depth}"}
-        self._bar.set_postfix({**self._done_postfix, "problem": progress.key, **step, "phase": progress.phase,
-                               "problem tok/s": f"{progress.tokens_per_s:.1f}"})
+        flight = {"in flight": in_flight} if in_flight > 1 else {}
+        self._bar.set_postfix({**self._done_postfix, **flight, "problem": progress.key, **step,
+                               "phase": progress.phase, "problem tok/s": f"{progress.tokens_per_s:.1f}"})
 
     def records(self) -> list[dict[str, Any]]:
         """The records of the requested problems written so far, in the requested order."""
@@ -193,17 +196,64 @@ class ResultsRecorder:
 
 
 def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Example], *, settings: RunSettings,
-                  output_dir: str | Path, resume: bool = False, algorithm: str | None = None) -> dict[str, Any]:
+                  output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
+                  concurrency: int = 1) -> dict[str, Any]:
     """Search every example, appending to output_dir/results.jsonl; write and return the summary.
 
-    algorithm: "bfs" or "dfs"; None uses `settings.algorithm`. Raises ResultsFileError when
+    algorithm: "bfs" or "dfs"; None uses `settings.algorithm`. concurrency: problems searched at
+    once on the one engine (each on its own thread with its own LLMCaller; in seed mode their
+    sequences share the engine's batched draft and target forwards). Records are written as
+    problems finish, so their order may differ from the data's; each problem keeps the seed of its
+    id, and a kill loses at most the `concurrency` problems in flight. Raises ResultsFileError when
     results.jsonl already holds results and `resume` is False.
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be a positive number of problems, got {concurrency}")
     algorithm = resolve_algorithm(settings, algorithm)
-    caller = LLMCaller(engine, settings.decoding())
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
                          resume=resume) as recorder:
-        caller.on_progress = recorder.show_progress
-        for example in recorder.todo:
-            recorder.add(solve_example(caller, task, example, settings, algorithm))
+        if concurrency == 1:
+            caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
+            for example in recorder.todo:
+                recorder.add(solve_example(caller, task, example, settings, algorithm))
+        else:
+            _solve_concurrently(engine, task, recorder, settings, algorithm, concurrency)
     return recorder.write_summary()
+
+
+def _solve_concurrently(engine: GenerationEngine, task: Task, recorder: ResultsRecorder, settings: RunSettings,
+                        algorithm: str, concurrency: int) -> None:
+    """Up to `concurrency` searches at once, each with its own caller; the main thread alone writes."""
+    stop = threading.Event()
+    in_flight: dict[str, ProblemProgress] = {}
+    lock = threading.Lock()
+
+    def show(progress: ProblemProgress) -> None:
+        if stop.is_set():  # Ctrl-C: end this search at its next engine call
+            raise SolveCancelled(progress.key)
+        with lock:
+            in_flight[progress.key] = progress
+            recorder.show_progress(progress, in_flight=len(in_flight))
+
+    def run(example: Example) -> dict[str, Any]:
+        caller = LLMCaller(engine, settings.decoding(), on_progress=show)
+        try:
+            return solve_example(caller, task, example, settings, algorithm)
+        finally:
+            with lock:
+                in_flight.pop(example.id, None)
+
+    pool = ThreadPoolExecutor(concurrency, thread_name_prefix="solve")
+    try:
+        futures = [pool.submit(run, example) for example in recorder.todo]
+        for future in as_completed(futures):
+            recorder.add(future.result())
+    except BaseException:
+        stop.set()  # in-flight searches stop at their next engine call; queued ones never start
+        pool.shutdown(wait=False, cancel_futures=True)  # results.jsonl is closed now, valid line by line
+        raise
+    pool.shutdown(wait=True)
+
+
+class SolveCancelled(Exception):
+    """A concurrent search stopped because the run was interrupted."""
