@@ -75,3 +75,12 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     assert generated.token_ids == reference_greedy(engine.target, prompt, 10)
     again = CliRunner().invoke(main, args)  # rerun: cached data, resumed at the last step
     assert again.exit_code == 0 and "reusing 5 cached samples" in again.output, again.output
+
+
+def test_train_drafter_refuses_a_test_split(tmp_path):
+    from seed_tot.cli import main
+
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 + 2?"}) + "\n")
+    result = CliRunner().invoke(main, ["train-drafter", "--data", str(data), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "looks like a test split" in result.output

@@ -17,7 +17,11 @@ def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Opti
     if not ckpt.is_file():
         return 0
     state = torch.load(ckpt, weights_only=True)
-    module.load_state_dict(state[key])
+    try:
+        module.load_state_dict(state[key])
+    except (KeyError, RuntimeError) as err:  # another method, k or layer count in the same --out
+        raise ValueError(f"{ckpt}: a checkpoint of another model ({str(err).splitlines()[0]}); "
+                         f"use another --out or delete it to start over") from None
     optim.load_state_dict(state["optim"])
     log.info("resuming %s at step %d", ckpt, int(state["step"]))
     return int(state["step"])

@@ -67,6 +67,9 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     from .drafter_data import generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
 
+    if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
+        raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
+                                 f"(e.g. gsm8k/train.jsonl)", param_hint="--data")
     out = Path(out_dir)
     engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
