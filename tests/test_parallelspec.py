@@ -139,3 +139,12 @@ def test_from_pretrained_takes_a_drafter_directory(tmp_path, tiny_model_dirs):
     save_char_tokenizer(other)
     with pytest.raises(ValueError, match="trained for target"):
         Engine.from_pretrained(target=str(other), draft=str(tmp_path / "d"), device="cpu")
+
+
+def test_the_autoregressive_drafter_of_the_same_size_keeps_greedy_output(target):
+    drafter = ParallelDrafter(target, n_masks=0, n_layers=1).eval()
+    assert drafter.default_policy == "fixed"
+    result = Engine(target, drafter).generate([PROMPT], SamplingParams(max_new_tokens=16, temperature=0), mode="sd",
+                                              k_config=(1, 1, 1))[0]
+    assert result.token_ids == reference_greedy(target, PROMPT, 16)
+    assert result.stats.draft_forwards > result.stats.verifications  # one forward per drafted token
