@@ -10,13 +10,15 @@ Workloads
                          whole ToT solves of --limit problems (blocksworld without --data uses its
                          built-in generator; the other two need --data, the Hub is not used)
 
-Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM]
+Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][+POLICY[:KEY=VALUE...]]
   MODE    ar, parallel, sd, mcsd or seed
   :K-K-K  this mode's draft-tree shape (default --k-config), e.g. mcsd:2-2-1, seed:2-2-1
   @wN     SEED draft workers running at once (default --n-workers)
   @vbM    SEED drafts verified per target forward (default --verify-batch; M=all: every queued draft)
   @dbM    SEED ready workers drafted per draft forward (default --draft-batch; M=all: every ready one)
-  e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball
+  +POLICY the draft policy (fixed, opt-tree, specdec, auto, parallelspec) with its options,
+          e.g. sd+auto, seed+opt-tree:n=8:delta=0.2, sd+specdec:h=0.5:head=DIR
+  e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball,seed+opt-tree:n=8
 
 Each mode gets one warm-up run, then --repeats timed runs. Speedups are ratios of medians taken
 in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
@@ -53,7 +55,8 @@ from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
-_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)))*)$")
+_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)))*)"
+                   r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
 BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
 
@@ -66,12 +69,16 @@ class ModeSpec:
     n_workers: int | None
     verify_batch: int | None  # None: every queued draft
     draft_batch: int | None = 1  # None: every ready worker
+    draft_policy: str | None = None  # None: the engine's default
+    policy_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of Engine.generate this spec sets."""
+        policy = ({"draft_policy": self.draft_policy, "policy_options": dict(self.policy_options)}
+                  if self.draft_policy else {})
         return dict(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
-                    verify_batch=self.verify_batch, draft_batch=self.draft_batch)
+                    verify_batch=self.verify_batch, draft_batch=self.draft_batch, **policy)
 
 
 def _batch(value: str) -> int | None:
@@ -84,9 +91,14 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
         if not m or m["mode"] not in MODES:
-            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM] with MODE one of {', '.join(MODES)}",
+            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][+POLICY[:KEY=VALUE...]] with "
+                                     f"MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
         opts = dict(re.findall(r"@(w|vb|db)(\d+|all)", m["opts"]))
+        from seed_tot.engine.policies import POLICIES
+        if m["policy"] and (m["mode"] not in DRAFTING_MODES or m["policy"] not in POLICIES):
+            raise click.BadParameter(f"{label!r}: +{m['policy']} needs a drafting mode ({', '.join(DRAFTING_MODES)}) "
+                                     f"and one of the policies {', '.join(POLICIES)}", param_hint="--modes")
         if (m["k"] or opts) and m["mode"] not in DRAFTING_MODES:
             raise click.BadParameter(f"{label!r}: {m['mode']} drafts nothing, it takes no :K or @ settings",
                                      param_hint="--modes")
@@ -100,7 +112,8 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
             raise click.BadParameter(f"{label!r} is listed twice", param_hint="--modes")
         specs.append(ModeSpec(label, m["mode"], k, int(opts["w"]) if "w" in opts else n_workers,
                               _batch(opts["vb"]) if "vb" in opts else verify_batch,
-                              _batch(opts["db"]) if "db" in opts else draft_batch))
+                              _batch(opts["db"]) if "db" in opts else draft_batch, m["policy"],
+                              tuple(tuple(kv.split("=", 1)) for kv in (m["popts"] or "").split(":") if kv)))
     return specs
 
 
@@ -200,7 +213,8 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
 
     def run(eng, spec: ModeSpec, index: int) -> list[str]:
         s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
-                            verify_batch=spec.verify_batch, draft_batch=spec.draft_batch)
+                            verify_batch=spec.verify_batch, draft_batch=spec.draft_batch,
+                            draft_policy=spec.draft_policy, policy_options=dict(spec.policy_options) or None)
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
         solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=concurrency)
         lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()

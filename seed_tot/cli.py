@@ -120,6 +120,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
+@policy_options
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Problems searched at once on one engine (their sequences share batched forwards in seed mode).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[auto|local|ADDRESS]",
@@ -133,7 +134,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
-          concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker):
+          draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -156,7 +157,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
-                               draft_batch=draft_batch, seed=seed)
+                               draft_batch=draft_batch, seed=seed,
+                               **policy_kwargs(draft_policy, policy_option, head_dir))
     if ray_address is not None:
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
                                 output, resume, workers, gpus_per_worker, cpus_per_worker)

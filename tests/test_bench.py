@@ -223,3 +223,21 @@ def test_tot_step_workload_runs_18_sequences_and_batched_seed_matches_ar(tmp_pat
     assert all(m["matches_ar"] for m in data["modes"])
     assert rows["seed@dball@vball"]["rows_per_target_forward"] > 1 >= rows["seed@db1@vb1"]["rows_per_target_forward"] - 1e-9
     assert 0 <= rows["seed@dball@vball"]["cache_share"] < 1
+
+
+def test_policy_suffix_names_a_draft_policy_and_its_options():
+    specs = parse_modes("sd+auto,seed@dball+opt-tree:n=8:delta=0.2,mcsd:2-1", (1, 1, 1), None, 1)
+    assert [(s.label, s.draft_policy, s.policy_options) for s in specs] == [
+        ("sd+auto", "auto", ()), ("seed@dball+opt-tree:n=8:delta=0.2", "opt-tree", (("n", "8"), ("delta", "0.2"))),
+        ("mcsd:2-1", None, ())]
+    assert specs[1].engine_kwargs["policy_options"] == {"n": "8", "delta": "0.2"} and specs[1].draft_batch is None
+    for bad in ("ar+auto", "sd+beam", "sd+auto:n"):
+        with pytest.raises(click.BadParameter):
+            parse_modes(bad, (1, 1, 1), None, 1)
+
+
+def test_bench_runs_policies_from_the_mode_spec_and_they_match_ar(tmp_path):
+    out = tmp_path / "policies.json"
+    _bench("--modes", "ar,sd+auto,seed+opt-tree:n=4", "--max-new-tokens", "6", "--repeats", "1", "--warmup", "0",
+           "--json", str(out))
+    assert all(m["matches_ar"] for m in json.loads(out.read_text())["modes"])

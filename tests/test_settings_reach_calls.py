@@ -23,6 +23,7 @@ class BudgetEngine:
     def __init__(self, gold_plan: list[str] | None = None):
         self.gold_plan = gold_plan or []
         self.budgets: list[int] = []
+        self.engine_options: list[dict] = []
 
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str:
         return f"{user}{SEP}{assistant_prefix}"
@@ -37,6 +38,7 @@ class BudgetEngine:
 
     def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
         self.budgets.append(params.max_new_tokens)
+        self.engine_options.append(engine_options)
         return [GenerationResult(token_ids=[1], text=self._reply(p), stats=GenerationStats(new_tokens=1, wall_s=0.01),
                                  finish_reason="length") for p in prompts]
 
@@ -92,3 +94,18 @@ def test_extra_key_the_task_does_not_read_is_refused(tmp_path: Path):
 def test_config_written_for_another_task_is_refused(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"gsm8k.yaml: written for task 'gsm8k', not 'blocksworld'"):
         load_settings(shipped_config("gsm8k"), base=get_task("blocksworld").config, task_name="blocksworld")
+
+
+def test_a_config_names_the_draft_policy_batches_and_options_every_call_uses(tmp_path: Path):
+    config = tmp_path / "gsm8k.yaml"
+    config.write_text("mode: seed\ndraft_policy: opt-tree\npolicy_options: {n: 8, delta: 0.2}\n"
+                      "draft_batch: all\nverify_batch: 3\n")
+    task = get_task("gsm8k")
+    engine, summary = _solve("gsm8k", tmp_path, load_settings(config, base=task.config))
+    assert engine.engine_options and all(o == {"draft_batch": None, "draft_policy": "opt-tree",
+                                               "policy_options": {"n": 8, "delta": 0.2}} for o in engine.engine_options)
+    assert summary["settings"]["draft_policy"] == "opt-tree" and summary["settings"]["verify_batch"] == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("draft_policy: beam\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*draft_policy.*expected one of fixed, opt-tree"):
+        load_settings(bad, base=task.config)

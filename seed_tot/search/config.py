@@ -40,6 +40,8 @@ class RunSettings:
     n_workers: int | None = None  # draft workers (seed mode); None: the engine's default
     verify_batch: int | str = 1  # a number or "all" (every queued draft)
     draft_batch: int | str = 1  # a number or "all" (every ready draft worker)
+    draft_policy: str | None = None  # None: the engine's default (fixed k_config shapes)
+    policy_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     max_expansions: int = DEFAULT_MAX_EXPANSIONS  # DFS only
     task: str | None = None  # the task a config file was written for (informational)
@@ -48,7 +50,8 @@ class RunSettings:
     def decoding(self) -> DecodingSettings:
         return DecodingSettings(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
                                 verify_batch=_batch_size(self.verify_batch),
-                                draft_batch=_batch_size(self.draft_batch), temperature=self.search.temperature,
+                                draft_batch=_batch_size(self.draft_batch), draft_policy=self.draft_policy,
+                                policy_options=dict(self.policy_options), temperature=self.search.temperature,
                                 max_new_tokens=self.search.max_new_tokens, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,6 +119,11 @@ def _mapping(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def _draft_policy(value: Any) -> str:
+    from seed_tot.engine.policies import POLICIES
+    return _one_of(POLICIES)(value)
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -137,6 +145,8 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "n_workers": (_optional_positive_int, False),
     "verify_batch": (_positive_int_or_all, False),
     "draft_batch": (_positive_int_or_all, False),
+    "draft_policy": (_draft_policy, False),
+    "policy_options": (_mapping, False),
     "seed": (_integer, False),
     "max_expansions": (_positive_int, False),
     "task": (_text, False),

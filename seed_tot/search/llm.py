@@ -45,6 +45,8 @@ class DecodingSettings:
     n_workers: int | None = None
     verify_batch: int | None = 1  # None: every queued draft
     draft_batch: int | None = 1  # None: every ready draft worker
+    draft_policy: str | None = None  # None: the engine's default
+    policy_options: dict = field(default_factory=dict)
     temperature: float = 1.0
     # The most new tokens any one call may generate: a Prompt's own max_new_tokens (a task's
     # per-kind budget, e.g. a short value call) is capped by it, and None means exactly this.
@@ -138,8 +140,9 @@ class LLMCaller:
         self.progress.phase = phase
         self.progress.steps += phase == "thought"
         self._report()
+        policy = {"draft_policy": s.draft_policy, "policy_options": s.policy_options} if s.draft_policy else {}
         results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch,
-                                       draft_batch=s.draft_batch)
+                                       draft_batch=s.draft_batch, **policy)
         if len(results) != len(rendered):
             raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
         call = summarize(results)  # wall time counted once per call, not once per sequence
