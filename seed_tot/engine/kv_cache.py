@@ -52,14 +52,15 @@ class KVCache:
         Returns the logits [len(tokens), V] of the new entries."""
         n_old = len(self.parents)
         all_parents = self.parents + list(parents)
-        allowed, query_pos, key_pos = tree_visibility(self.committed, all_parents, n_old)
         device = model.device
         mask = None
         if any(p != i - 1 for i, p in enumerate(all_parents)):  # a real tree: spell out who sees whom
-            # (a chain needs no mask: the model's own causal and sliding-window masks are exact for it)
             layout = layout_of(model)
             layout.check_tree_masks("a draft tree")
+            allowed, query_pos, key_pos = tree_visibility(self.committed, all_parents, n_old)
             mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], model.dtype, device)
+        else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
+            query_pos = torch.arange(self.length, self.length + len(parents))
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, past_key_values=self.cache, use_cache=True)
         self.parents = all_parents

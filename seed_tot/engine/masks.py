@@ -134,16 +134,21 @@ def build_attention_mask(layout: AttentionLayout, allowed: torch.Tensor, query_p
 def tree_visibility(committed: int, all_parents: list[int], n_old: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence: the new entries (all_parents[n_old:]) see the prefix and their ancestors.
     Returns allowed [Q, K], query positions [Q] and key positions [K] (K = committed + len(all_parents))."""
+    n = len(all_parents)
     depth: list[int] = []
     for p in all_parents:
         depth.append(1 + (depth[p] if p >= 0 else 0))
     entry_pos = torch.tensor([committed + d - 1 for d in depth], dtype=torch.long)
     key_pos = torch.cat([torch.arange(committed), entry_pos])
-    n_new = len(all_parents) - n_old
-    allowed = torch.zeros(n_new, committed + len(all_parents), dtype=torch.bool)
+    allowed = torch.zeros(n - n_old, committed + n, dtype=torch.bool)
     allowed[:, :committed] = True
-    for row, entry in enumerate(range(n_old, len(all_parents))):
-        while entry >= 0:  # the entry itself and each ancestor
-            allowed[row, committed + entry] = True
-            entry = all_parents[entry]
+    if all(p == i - 1 for i, p in enumerate(all_parents)):  # a chain (e.g. a prompt): plain causal, no walk
+        allowed[:, committed:] = torch.ones(n, n, dtype=torch.bool).tril()[n_old:]
+        return allowed, entry_pos[n_old:], key_pos
+    ancestors = torch.zeros(n, n, dtype=torch.bool)  # row i: entry i and its ancestors, built from its parent's row
+    for i, p in enumerate(all_parents):
+        if p >= 0:
+            ancestors[i] = ancestors[p]
+        ancestors[i, i] = True
+    allowed[:, committed:] = ancestors[n_old:]
     return allowed, entry_pos[n_old:], key_pos
