@@ -122,7 +122,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
 @policy_options
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Problems searched at once on one engine (their sequences share batched forwards in seed mode).")
+              help="Problems searched at once on one engine (their sequences share batched forwards in seed mode); "
+                   "with --ray, on each actor's engine.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[auto|local|ADDRESS]",
               help="Solve on Ray actors, one engine each. auto (the bare flag): a running cluster, else a new local "
                    "one; local: a new local one; or a cluster's address.")
@@ -146,9 +147,6 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     given = [name for name, value in ray_only.items() if value is not None]
     if ray_address is None and given:
         raise click.UsageError(f"{', '.join(given)} only apply with --ray")
-    if ray_address is not None and concurrency > 1:
-        raise click.UsageError("--concurrency runs several searches on this process's engine; with --ray, "
-                               "scale with --workers (several searches per actor are not built yet)")
     if ray_address is not None and trace_dir is not None:
         raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
@@ -161,7 +159,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                                **policy_kwargs(draft_policy, policy_option, head_dir))
     if ray_address is not None:
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
-                                output, resume, workers, gpus_per_worker, cpus_per_worker)
+                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency)
         click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
@@ -172,7 +170,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
 
 
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
-                  cpus_per_worker):
+                  cpus_per_worker, concurrency):
     """solve --ray: the driver loads no model; each actor builds its engine from the same options."""
     from seed_tot.engine.params import DRAFTING_MODES
     from seed_tot.search.distributed import EngineSpec, RayRunError, solve_on_ray
@@ -182,7 +180,8 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
                       load_draft=settings.mode in DRAFTING_MODES)
     try:
         return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
-                            workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0)
+                            workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0,
+                            concurrency=concurrency)
     except RayRunError as err:
         raise click.ClickException(str(err)) from err
 

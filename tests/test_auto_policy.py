@@ -12,6 +12,7 @@ from seed_tot import Engine, SamplingParams
 from seed_tot.engine.draft_tree import DraftTree
 from seed_tot.engine.policies.auto import AutoPolicy, Costs, best_length, derive_opt_tree_options, load_costs
 from seed_tot.engine.verify import Acceptance
+from test_specdec import ConstantHead
 
 COSTS = Costs(target_fixed_s=0.1, target_per_token_s=0.002, draft_step_s=0.02)  # draft step = 1/5 target
 
@@ -93,3 +94,48 @@ def test_greedy_auto_equals_target_alone_with_good_and_useless_drafts(mode):
         results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0), mode=mode,
                                                  draft_policy=policy)
         assert [r.token_ids for r in results] == refs
+
+
+def _head_chain_length(a: float, prior: float = 0.9, costs: Costs = COSTS, max_len: int = 8) -> int:
+    """Tokens `auto` drafts in one round when its head says P̂ = a for every token."""
+    kv = SimpleNamespace(parents=[], committed=3)
+    seq = SimpleNamespace(draft=kv, generated=[], generator=torch.Generator().manual_seed(0), pending=lambda c: [1],
+                          done=False, index=0)
+    policy = AutoPolicy(costs, max_len=max_len, prior=prior, head=ConstantHead(a), capture=SimpleNamespace())
+    rnd = policy.begin(seq, SamplingParams(temperature=0), 8)
+    feed = rnd.first_feed()
+    while feed is not None:
+        kv.parents += feed.parents
+        feed = rnd.step(torch.randn(len(feed.tokens), 8), torch.zeros(len(feed.tokens), 4))
+    return len(rnd.finish()[0])
+
+
+def test_with_a_head_auto_drafts_longer_the_surer_the_head_is():
+    lengths = [_head_chain_length(a) for a in (0.05, 0.5, 0.8, 0.95, 0.999)]
+    assert lengths == sorted(lengths) and lengths[0] == 2 and lengths[-1] == 8  # the prior 0.9 asks for Y1's verdict
+
+
+def test_with_a_head_auto_stops_where_one_more_token_no_longer_pays():
+    # brute force over chain lengths with the same model: E(n) = 1 + a + ... + a^n, time(n) as in auto;
+    # the prior equals the head's a, so the first token's decision uses the same a
+    for a in (0.3, 0.6, 0.85, 0.97):
+        rate = [sum(a ** j for j in range(n + 1)) / (n * COSTS.draft_step_s + COSTS.target(n + 1))
+                for n in range(1, 9)]
+        first_drop = next((n for n in range(1, 8) if rate[n] <= rate[n - 1]), 8)
+        assert _head_chain_length(a, prior=a) == first_drop
+
+
+def test_greedy_auto_with_a_head_equals_target_alone():
+    from seed_tot.engine.policies.base import HiddenCapture
+
+    target = tiny_model("llama", seed=3)
+    draft = noisy_copy(target, 0.005)
+    prompts = [[5], [1, 2, 3, 4, 5, 6, 7]]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    for mode in ("sd", "seed"):
+        policy = AutoPolicy(COSTS, max_len=6, prior=0.9, head=ConstantHead(0.9),
+                            capture=HiddenCapture.of(draft))
+        results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0),
+                                                 mode=mode, draft_policy=policy)
+        assert [r.token_ids for r in results] == refs, mode
+        assert max(r["drafted"] for r in policy.records) > 1  # the head's rule, not one-token probes

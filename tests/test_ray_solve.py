@@ -250,6 +250,38 @@ def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems,
     assert summary["n"] == len(examples) and summary["failed"] == 1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_actors_running_two_searches_each_write_single_process_records(keeper, problems, reference, tmp_path,
+                                                                      temperature):
+    task, examples, _ = problems
+    keeper.release()  # the cluster's 2 CPUs go to this pool
+    with EnginePool(keeper.spec, 2, cpus_per_worker=1, concurrency=2) as pool:
+        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, temperature),
+                                    output_dir=tmp_path)
+    ref_records, ref_summary = reference(temperature)
+    records = read_records(tmp_path)
+    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)
+    assert by_id(records) == by_id(ref_records)
+    assert untimed(summary) == untimed(ref_summary)
+
+
+def test_an_actor_dying_with_two_searches_in_flight_has_both_retried(keeper, problems, reference, tmp_path, caplog):
+    task, examples, _ = problems
+    keeper.release()
+    fault = keeper.faults / "once-marbles"
+    fault.touch()
+    # slots are handed out worker 0, 1, 0, 1: worker 1 holds "pens" and "marbles" when marbles kills it
+    with EnginePool(keeper.spec, 2, cpus_per_worker=1, concurrency=2) as pool, \
+            caplog.at_level(logging.WARNING, logger="seed_tot.search.distributed"):
+        solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    assert not fault.exists()
+    retried = {r.getMessage().split(":")[0] for r in caplog.records if "retrying" in r.getMessage()}
+    assert "problem 3" in retried
+    records = read_records(tmp_path)
+    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)  # each once, none lost
+    assert by_id(records) == by_id(reference(0.0)[0])
+
+
 def test_an_error_in_the_search_stops_the_run_as_in_one_process(keeper, problems, tmp_path):
     _, examples, _ = problems
     task = BrokenTask()
@@ -298,7 +330,7 @@ def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, 
     keeper.release()  # the cluster's 2 CPUs go to the command's own 2 actors
     result = CliRunner().invoke(main, ["solve", "short", "--data", data, "--target", target, "--draft", draft,
                                        "--temperature", "1", "--device", "cpu", "--output", str(tmp_path),
-                                       "--ray", "--workers", "2"], catch_exceptions=False)
+                                       "--ray", "--workers", "2", "--concurrency", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == len(examples)
     assert by_id(read_records(tmp_path)) == by_id(reference(1.0)[0])  # same settings as the sampled reference

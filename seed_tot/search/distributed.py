@@ -1,13 +1,15 @@
 """Solve a dataset on a Ray cluster: N actors, one Engine each, fed problems from a work queue.
 
-The driver never loads a model. It hands one problem at a time to each idle actor (a work queue,
-so one slow problem holds up one actor, not a shard), and it alone writes results.jsonl and
+The driver never loads a model. It hands a problem to each idle slot of an actor (a work queue,
+so one slow problem holds up one slot, not a shard); an actor has `concurrency` slots, searches
+running at once on its one engine, whose sequences share batched forwards as `solve --concurrency`
+does in one process, and it alone writes results.jsonl and
 summary.json, through the same `ResultsRecorder` as the single-process run; an actor runs the
 same `solve_example` as that run, whose seeds come from the problem id, so records do not depend
 on which actor solved a problem or in what order.
 
 Faults: an actor process that dies (killed, out of memory, crashed) is restarted by Ray
-(`max_restarts`); the problem it had in flight goes back to the front of the queue, preferably to
+(`max_restarts`); each problem it had in flight goes back to the front of the queue, preferably to
 another actor, and after `max_attempts` deaths it is written as a failed record with the error.
 An exception raised by the search itself is a bug or bad input, not a fault: it stops the run, as
 it does in a single process. Ctrl-C kills the actors; every line already written stays valid.
@@ -85,7 +87,8 @@ class EngineSpec:
 
 
 class EngineWorker:
-    """The body of one Ray actor: one engine, one problem per call."""
+    """The body of one Ray actor: one engine, one problem per call; a threaded actor
+    (`max_concurrency`) runs several calls at once, each with its own LLMCaller."""
 
     def __init__(self, spec: EngineSpec):
         self.engine: GenerationEngine | None = None
@@ -119,20 +122,27 @@ def connect_ray(address: str) -> None:
 
 
 class EnginePool:
-    """`workers` Ray actors, each holding one engine built from `spec`; a context manager that
-    kills the actors on exit. Needs a connected Ray (`connect_ray`)."""
+    """`workers` Ray actors, each holding one engine built from `spec` and running up to
+    `concurrency` searches at once on it; a context manager that kills the actors on exit. Needs a
+    connected Ray (`connect_ray`)."""
 
     def __init__(self, spec: EngineSpec, workers: int, *, gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS):
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, concurrency: int = 1):
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
+        self.concurrency = concurrency
         ray = import_ray()
         if not ray.is_initialized():
             raise RayRunError("Ray is not connected: call connect_ray first")
         self.max_restarts = max_restarts
         self.retired: set[int] = set()  # actors Ray gave up restarting
+        # max_concurrency > 1 makes a threaded actor: its calls share the engine, whose scheduler
+        # batches their sequences (Engine.generate is thread-safe for that reason)
         actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
-                           max_task_retries=0)(EngineWorker)  # the driver retries, on another actor
+                           max_task_retries=0,  # the driver retries, on another actor
+                           max_concurrency=concurrency)(EngineWorker)
         self.actors = [actor.remote(spec) for _ in range(workers)]
         self.alive = True
         from ray.exceptions import RayActorError
@@ -144,7 +154,8 @@ class EnginePool:
         if errors:
             self.shutdown()
             raise ValueError(f"a Ray worker could not load its engine: {errors[0]}")
-        log.info("%d Ray workers ready (%s CPU, %s GPU each)", workers, cpus_per_worker, gpus_per_worker)
+        log.info("%d Ray workers ready (%s CPU, %s GPU, %d searches at once each)", workers, cpus_per_worker,
+                 gpus_per_worker, concurrency)
 
     def shutdown(self) -> None:
         if not self.alive:
@@ -208,18 +219,23 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
                          resume=resume) as recorder:
         queue = deque(_Job(ex) for ex in recorder.todo)
-        idle = [i for i in range(len(pool.actors)) if i not in pool.retired]
-        in_flight: dict[Any, tuple[int, _Job | None]] = {}  # a None job: waiting for a restarted actor
+        live = [i for i in range(len(pool.actors)) if i not in pool.retired]
+        idle = [w for _ in range(pool.concurrency) for w in live]  # one entry per free search slot, spread out
+        # A death fails every call in flight on that actor; `life` counts its restarts, so only the
+        # first of those failures waits for the restart, and the slots come back once, after it.
+        life = dict.fromkeys(range(len(pool.actors)), 0)
+        in_flight: dict[Any, tuple[int, int, _Job | None]] = {}  # a None job: waiting for a restarted actor
         try:
             while queue or in_flight:
                 while idle and queue:
                     worker = idle.pop(0)
                     job = _next_job(queue, worker)
-                    in_flight[pool.actors[worker].solve.remote(task_ref, settings, algorithm, job.example)] = worker, job
+                    ref = pool.actors[worker].solve.remote(task_ref, settings, algorithm, job.example)
+                    in_flight[ref] = worker, life[worker], job
                 if not in_flight:
                     break  # problems left, no actor left
                 (ref,), _ = ray.wait(list(in_flight), num_returns=1)
-                worker, job = in_flight.pop(ref)
+                worker, born, job = in_flight.pop(ref)
                 try:
                     result = ray.get(ref)
                 except RayTaskError as err:
@@ -231,17 +247,23 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                         pool.retired.add(worker)
                         continue
                     _lost_attempt(task, job, worker, err, queue, recorder, max_attempts)
-                    # calls made while Ray restarts the actor would fail too: wait until it is back
-                    # (this call is retried by Ray through the restart; it fails once Ray gives up)
-                    in_flight[pool.actors[worker].ready.options(max_task_retries=-1).remote()] = worker, None
+                    if born == life[worker]:  # the first failure of this death
+                        life[worker] += 1
+                        idle = [w for w in idle if w != worker]
+                        # calls made while Ray restarts the actor would fail too: wait until it is back
+                        # (this call is retried by Ray through the restart; it fails once Ray gives up)
+                        probe = pool.actors[worker].ready.options(max_task_retries=-1).remote()
+                        in_flight[probe] = worker, life[worker], None
                     continue
                 if job is not None:
                     recorder.add(result)
+                    if born == life[worker]:
+                        idle.append(worker)
                 elif result is not None:  # restarted, but its engine no longer loads
                     log.warning("Ray worker %d restarted without an engine (%s); it leaves the pool", worker, result)
                     pool.retired.add(worker)
-                    continue
-                idle.append(worker)
+                else:  # restarted and ready: all its slots are free
+                    idle.extend([worker] * pool.concurrency)
         except KeyboardInterrupt:
             pool.shutdown()  # stop the searches in flight; what is written is complete
             raise
@@ -273,10 +295,12 @@ def _first_line(err: Exception) -> str:
 
 def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                  output_dir: str | Path, resume: bool = False, workers: int | None = None,
-                 gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+                 gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
+                 concurrency: int = 1) -> dict[str, Any]:
     """The `seed-tot solve --ray` path: connect, start the pool, solve, stop the actors.
 
     workers None: as many as the cluster fits. gpus_per_worker None: 1 when the cluster has GPUs.
+    concurrency: searches at once per actor (`solve --concurrency` on each actor's engine).
     """
     ray = import_ray()
     connect_ray(address)
@@ -294,5 +318,6 @@ def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[
         # Ray would wait forever for the actors that do not fit
         raise RayRunError(f"{workers} workers with {cpus_per_worker} CPU and {gpus_per_worker} GPU each do not fit "
                           f"the cluster ({resources.get('CPU', 0.0):g} CPU, {gpus:g} GPU)")
-    with EnginePool(spec, workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker) as pool:
+    with EnginePool(spec, workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                    concurrency=concurrency) as pool:
         return solve_dataset_ray(pool, task, examples, settings=settings, output_dir=output_dir, resume=resume)

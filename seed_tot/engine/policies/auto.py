@@ -10,6 +10,13 @@ and K = 0 (a plain target step, no draft forward at all) competes with the rest,
 hardly ever agrees costs nothing but the occasional probe: when K = 0 wins, a one-token probe is
 drafted after `probe_every` plain rounds, and the gap doubles after each failed probe (up to 64),
 so a 2% draft runs at about ar's speed while a draft that starts to agree is picked up again.
+
+With a SpecDec++ head (option head=DIR, `--head`), the running estimate still decides whether to
+draft at all, but how far is decided token by token from the head's P̂ (specdec.py's round): with
+n tokens drafted, the first n-1 judged (survivals S_j, last P̂ = a, S = S_{n-1}),
+    E(n) = 1 + sum_j S_j + S * a        E(n+1) = E(n) + S * a^2
+and drafting goes on while E(n+1) / time(n+1) > E(n) / time(n): a cost-aware stopping rule in
+place of SpecDec++'s fixed threshold h.
 """
 from __future__ import annotations
 
@@ -24,8 +31,9 @@ import torch
 
 from ..draft_tree import DraftTree
 from ..params import SamplingParams
-from .base import DraftPolicy, DraftRound, TreeBuilder, option
+from .base import DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, option
 from .fixed import FixedRound
+from .head import accept_probability
 
 log = logging.getLogger(__name__)
 MAX_PROBE_GAP = 64
@@ -127,18 +135,42 @@ class AutoPolicy(DraftPolicy):
     name = "auto"
 
     def __init__(self, costs: Costs, max_len: int = 8, prior: float = 0.5, prior_weight: float = 2.0,
-                 decay: float = 0.9, probe_every: int = 8):
+                 decay: float = 0.9, probe_every: int = 8, head=None, eos_ids=frozenset(),
+                 capture: HiddenCapture | None = None):
         if not 0 <= prior <= 1 or max_len < 1 or probe_every < 1 or not 0 < decay <= 1:
             raise ValueError("auto needs 0 <= prior <= 1, max_len >= 1, probe_every >= 1 and 0 < decay <= 1")
+        if head is not None and capture is None:
+            raise ValueError("auto with a head needs a HiddenCapture of the draft model")
         self.costs, self.max_len, self.prior, self.prior_weight = costs, max_len, prior, prior_weight
         self.decay, self.probe_every = decay, probe_every
+        self.head, self.eos_ids, self.capture = head, frozenset(eos_ids), capture
         self._state: dict[int, _SeqState] = {}
 
     @classmethod
-    def from_options(cls, engine, k_config, params, max_len=8, prior=0.5, probe_every=8, recalibrate="false") -> "AutoPolicy":
+    def from_options(cls, engine, k_config, params, max_len=8, prior=0.5, probe_every=8, recalibrate="false",
+                     head=None) -> "AutoPolicy":
+        head_model = None
+        if head is not None:
+            from .specdec import load_checked_head
+            head_model = load_checked_head(head, engine, params)
         return cls(load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes")),
                    option(cls.name, "max_len", max_len, int, 1), option(cls.name, "prior", prior, float, 0),
-                   probe_every=option(cls.name, "probe_every", probe_every, int, 1))
+                   probe_every=option(cls.name, "probe_every", probe_every, int, 1), head=head_model,
+                   eos_ids=engine.eos_ids, capture=HiddenCapture.of(engine.draft) if head_model is not None else None)
+
+    def predict(self, hidden: torch.Tensor) -> float:
+        """P̂ for the token whose entry produced `hidden` (one vector)."""
+        return accept_probability(self.head, hidden)
+
+    def enough(self, n: int, rnd) -> bool:
+        """Stop after n drafted tokens once one more is not expected to raise tokens per second."""
+        # before the head has judged a token, the sequence's running estimate stands in for P̂
+        a = rnd.last_p if rnd.last_p is not None else self.alpha(rnd.b.seq)
+        e_now = 1.0 + rnd.survival_sum + rnd.survival * a
+        e_next = e_now + rnd.survival * a * a
+        t_now = n * self.costs.draft_step_s + self.costs.target(n + 1)
+        t_next = t_now + self.costs.draft_step_s + self.costs.target_per_token_s
+        return e_next / t_next <= e_now / t_now
 
     def _seq(self, seq) -> _SeqState:
         return self._state.setdefault(id(seq), _SeqState(0.0, 0.0, 0, self.probe_every))
@@ -160,8 +192,13 @@ class AutoPolicy(DraftPolicy):
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         k = self.choose(seq)
+        if not k:
+            return _NoDraft(vocab_size)
         builder = TreeBuilder(seq, params, vocab_size)
-        return FixedRound(builder, (1,) * k) if k else _NoDraft(vocab_size)
+        if self.head is not None:
+            from .specdec import SpecDecRound
+            return SpecDecRound(builder, self)
+        return FixedRound(builder, (1,) * k)
 
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         super().observe(seq, tree, acceptance)

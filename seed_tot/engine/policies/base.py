@@ -160,6 +160,15 @@ class HiddenCapture:
         self._local = threading.local()
         self._handle = model.get_output_embeddings().register_forward_pre_hook(self._hook)
 
+    @classmethod
+    def of(cls, model) -> "HiddenCapture":
+        """The model's one capture: a hook per policy object would pile up over a run's many calls."""
+        capture = model.__dict__.get("_seed_tot_hidden_capture")
+        if capture is None:
+            capture = cls(model)
+            model.__dict__["_seed_tot_hidden_capture"] = capture
+        return capture
+
     def _hook(self, module, args) -> None:
         self._local.hidden = args[0][0].detach()
 

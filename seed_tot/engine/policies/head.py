@@ -34,6 +34,12 @@ class AcceptanceHead(nn.Module):
         return self.out(x).squeeze(-1)
 
 
+def accept_probability(head: nn.Module, hidden: torch.Tensor) -> float:
+    """The head's P̂ for the token whose draft entry produced `hidden` (one vector)."""
+    with torch.no_grad():
+        return float(torch.sigmoid(head(hidden[None].to(next(head.parameters()).device))[0]))
+
+
 def save_head(head: AcceptanceHead, directory: str | Path, trained_for: dict) -> None:
     from safetensors.torch import save_file
 

@@ -10,10 +10,15 @@ Tokens are sampled from q (sampled decoding) or the draft's argmax (greedy, dete
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..params import SamplingParams
 from .base import DraftPolicy, DraftRound, Feed, HiddenCapture, TreeBuilder, option
+from .head import accept_probability
+
+log = logging.getLogger(__name__)
 
 
 class SpecDecPolicy(DraftPolicy):
@@ -29,38 +34,52 @@ class SpecDecPolicy(DraftPolicy):
 
     @classmethod
     def from_options(cls, engine, k_config, params, head=None, h=0.5, min_len=2, max_len=20) -> "SpecDecPolicy":
-        from .head import load_head
-
         if head is None:
             raise ValueError("draft policy 'specdec' needs a trained head: --head DIR (policy option head=DIR)")
-        model, trained_for = load_head(head, engine.target_name, engine.draft_name)
-        hidden = engine.draft.get_output_embeddings().weight.shape[1]
-        if model.config["hidden_size"] != hidden:
-            raise ValueError(f"{head}: head reads hidden size {model.config['hidden_size']}, the draft has {hidden}")
-        sampled = {k: trained_for.get(k) for k in ("temperature", "top_k", "top_p")}
-        now = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
-        if sampled != now:  # acceptances depend on the sampling settings: say so, still usable
-            import logging
-            logging.getLogger(__name__).warning("head %s was trained for sampling %s, running with %s", head, sampled, now)
-        return cls(model.to(engine.draft.device), option(cls.name, "h", h, float), option(cls.name, "min_len", min_len, int, 1),
-                   option(cls.name, "max_len", max_len, int, 1), engine.eos_ids, HiddenCapture(engine.draft))
+        return cls(load_checked_head(head, engine, params), option(cls.name, "h", h, float),
+                   option(cls.name, "min_len", min_len, int, 1),
+                   option(cls.name, "max_len", max_len, int, 1), engine.eos_ids, HiddenCapture.of(engine.draft))
 
     def predict(self, hidden: torch.Tensor) -> float:
         """P̂ for the token whose entry produced `hidden` (one vector)."""
-        with torch.no_grad():
-            return float(torch.sigmoid(self.head(hidden[None].to(next(self.head.parameters()).device))[0]))
+        return accept_probability(self.head, hidden)
+
+    def enough(self, n: int, rnd: "SpecDecRound") -> bool:
+        """Stop after n drafted tokens: a rejection among them is likely enough (SpecDec++'s rule)."""
+        return n >= self.min_len and 1.0 - rnd.survival > self.h
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return SpecDecRound(TreeBuilder(seq, params, vocab_size), self)
 
 
+def load_checked_head(head: str, engine, params: SamplingParams) -> torch.nn.Module:
+    """The head in directory `head`, refused unless trained for this engine's models and hidden size,
+    on the draft's device; a warning when it was trained for other sampling settings."""
+    from .head import load_head
+
+    model, trained_for = load_head(head, engine.target_name, engine.draft_name)
+    hidden = engine.draft.get_output_embeddings().weight.shape[1]
+    if model.config["hidden_size"] != hidden:
+        raise ValueError(f"{head}: head reads hidden size {model.config['hidden_size']}, the draft has {hidden}")
+    sampled = {k: trained_for.get(k) for k in ("temperature", "top_k", "top_p")}
+    now = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+    if sampled != now:  # acceptances depend on the sampling settings: say so, still usable
+        log.warning("head %s was trained for sampling %s, running with %s", head, sampled, now)
+    return model.to(engine.draft.device)
+
+
 class SpecDecRound(DraftRound):
+    """A chain drafted one token per forward, judged by the head, until `policy.enough(n, round)`
+    (SpecDec++'s threshold, or `auto`'s cost rule), max_len, EOS or the token budget."""
+
     needs_hidden = True
 
-    def __init__(self, builder: TreeBuilder, policy: SpecDecPolicy):
+    def __init__(self, builder: TreeBuilder, policy):
         self.b, self.policy = builder, policy
         self.max_len = min(policy.max_len, max(1, builder.remaining))
         self.survival = 1.0  # prod of P̂ over the drafted tokens fed so far
+        self.survival_sum = 0.0  # sum over those tokens of the survival up to each: expected accepted ones
+        self.last_p: float | None = None  # P̂ of the last judged token
         self.last = -1
 
     def first_feed(self) -> Feed:
@@ -69,7 +88,9 @@ class SpecDecRound(DraftRound):
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
         b, policy = self.b, self.policy
         if self.last >= 0:  # the last fed entry is a drafted token: the head judges it
-            self.survival *= policy.predict(hidden[-1])
+            self.last_p = policy.predict(hidden[-1])
+            self.survival *= self.last_p
+            self.survival_sum += self.survival
         node_logits = logits[-1]
         if b.params.greedy:
             token, q = int(node_logits[: b.vocab_size].float().argmax()), None
@@ -78,8 +99,7 @@ class SpecDecRound(DraftRound):
             token = int(torch.multinomial(q, 1, generator=b.seq.generator))
         self.last = b.add(self.last, token, q, self.survival)
         n = len(b.tokens)
-        if (n >= self.max_len or token in policy.eos_ids
-                or (n >= policy.min_len and 1.0 - self.survival > policy.h)):
+        if n >= self.max_len or token in policy.eos_ids or policy.enough(n, self):
             return None
         return b.feed_nodes([self.last])
 
