@@ -5,7 +5,9 @@
 
 One JSON line per (setting, question) on stdout, then the table on stderr: wall s, x ar, x HF
 assisted, tokens per target forward, draft forwards per token, identical tokens to ar (greedy),
-and for opt-tree the mean E(A) beside the realized tokens per round.
+SpecDec++'s Pareto axes N_target/N (target forwards per new token) and N_discarded/N (drafted
+tokens the target rejected, per new token), and for opt-tree the mean E(A) beside the realized
+tokens per round. With --head, `auto` also runs with the head ("auto+head").
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def settings(head: str | None) -> list[tuple[str, str, tuple[int, ...], str | No
     if head:
         rows += [(f"specdec h={h}", "sd", (1,), "specdec", {"head": head, "h": str(h)}) for h in (0.3, 0.5, 0.7, 0.9)]
     rows += [("auto", "sd", (1,), "auto", {})]
+    if head:
+        rows += [("auto+head", "sd", (1,), "auto", {"head": head})]
     return rows
 
 
@@ -53,7 +57,7 @@ def hf_assisted(engine: Engine, prompts: list[str], params: SamplingParams) -> t
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", required=True)
+    ap.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--draft", default=None, help="default: the embedded self-draft (the target's first layers)")
     ap.add_argument("--data", required=True)
     ap.add_argument("-n", type=int, default=5)
@@ -63,6 +67,7 @@ def main() -> None:
     ap.add_argument("--head", default=None, help="specdec head directory (seed-tot train-head --out)")
     ap.add_argument("--only", default=None, help="comma-separated labels to run (e.g. 'ar,auto')")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", default=None, help="also write the table (and the settings) to this JSON file")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     engine = Engine.from_pretrained(args.target, args.draft)
@@ -75,11 +80,13 @@ def main() -> None:
         if only and label not in only and label != "ar":
             continue
         wall, tokens, fwd, dfwd, new, records = 0.0, [], 0.0, 0.0, 0, []
+        drafted = accepted = 0
         for i, p in enumerate(prompts):
             r = engine.generate([p], params, mode=mode, k_config=k, draft_policy=policy, policy_options=options or None)[0]
             wall += r.stats.wall_s
             tokens.append(r.token_ids)
             fwd, dfwd, new = fwd + r.stats.target_forwards, dfwd + r.stats.draft_forwards, new + r.stats.new_tokens
+            drafted, accepted = drafted + r.stats.drafted, accepted + r.stats.accepted
             print(json.dumps({"setting": label, "question": i, "stats": r.stats.to_dict()}), flush=True)
         if policy:
             records = engine.policy(mode, k, params, policy, options).records[-200:]
@@ -87,6 +94,9 @@ def main() -> None:
         ea = [x["expected_tokens"] for x in records if x["expected_tokens"] is not None]
         table.append({"setting": label, "wall_s": wall, "tokens_per_target_forward": new / fwd if fwd else 0,
                       "draft_forwards_per_token": dfwd / new if new else 0,
+                      "acceptance": accepted / drafted if drafted else None,
+                      "n_target_per_n": fwd / new if new else None,
+                      "n_discarded_per_n": (drafted - accepted) / new if new else None,
                       "identical": tokens == ar_tokens if params.greedy else None,
                       "mean_E_A": sum(ea) / len(ea) if ea else None,
                       "mean_tokens_per_round": (sum(x["tokens"] for x in records) / len(records)) if records else None})
@@ -94,15 +104,23 @@ def main() -> None:
     if not args.skip_hf:
         hf_wall, hf_tokens = hf_assisted(engine, prompts, params)
         table.append({"setting": "HF assisted", "wall_s": hf_wall, "tokens_per_target_forward": None,
-                      "draft_forwards_per_token": None, "identical": hf_tokens == ar_tokens if params.greedy else None,
+                      "draft_forwards_per_token": None, "acceptance": None, "n_target_per_n": None,
+                      "n_discarded_per_n": None, "identical": hf_tokens == ar_tokens if params.greedy else None,
                       "mean_E_A": None, "mean_tokens_per_round": None})
     ar_wall = table[0]["wall_s"]
+    if args.json:  # filled in below, written at the end
+        report = {"command": " ".join(sys.argv), "target": engine.target_name, "draft": engine.draft_name,
+                  "questions": len(prompts), "params": vars(params) if hasattr(params, "__dict__") else str(params),
+                  "table": table}
     for row in table:
         row["x_ar"] = ar_wall / row["wall_s"]
         row["x_hf"] = hf_wall / row["wall_s"] if hf_wall else None
         print(json.dumps({"summary": row}), flush=True)
         fmt = lambda v: "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
         log.info("%-26s %s", row["setting"], "  ".join(f"{k}={fmt(v)}" for k, v in row.items() if k != "setting"))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, default=str)
 
 
 if __name__ == "__main__":
