@@ -73,6 +73,22 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]
     return out[0, len(prompt):].tolist()
 
 
+def rows_stopping_differently(max_new_tokens: int = 30):
+    """A target, prompts, tokenizer, params and greedy references under which rows end at different
+    steps: sequence 0 at EOS after 2 tokens, sequence 1 at a stop string of its own output."""
+    from seed_tot import SamplingParams
+
+    target = tiny_model("llama", seed=30)
+    prompts = [[7, 1], [2, 9, 9, 4], [5, 5], [3]]
+    eos = reference_greedy(target, prompts[0], max_new_tokens)[1]
+    target.generation_config.eos_token_id = eos
+    tok = CharTokenizer(eos_token_id=eos)
+    refs = [reference_greedy(target, p, max_new_tokens) for p in prompts]
+    stop_text = tok.decode(refs[1][3:5])
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, stop=(stop_text,))
+    return target, prompts, tok, params, refs
+
+
 @pytest.fixture(scope="session")
 def llama_pair():
     target = tiny_model("llama", seed=0)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from conftest import CharTokenizer, noisy_copy, reference_greedy, tiny_model
+from conftest import noisy_copy, reference_greedy, rows_stopping_differently, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import speculative, summarize
 from seed_tot.engine.seed import SeedError
@@ -36,14 +36,7 @@ def test_batched_seed_greedy_equals_target_alone(setup, k_config, draft_batch, v
 def test_batched_drafting_with_rows_stopping_at_different_times(draft_batch):
     """EOS after 2 tokens, a stop string, and the token budget end rows at different rounds while
     the others keep sharing forwards."""
-    target = tiny_model("llama", seed=30)
-    prompts = [[7, 1], [2, 9, 9, 4], [5, 5], [3]]
-    eos = reference_greedy(target, prompts[0], 30)[1]  # sequence 0 ends after 2 tokens
-    target.generation_config.eos_token_id = eos
-    tok = CharTokenizer(eos_token_id=eos)
-    refs = [reference_greedy(target, p, 30) for p in prompts]
-    stop_text = tok.decode(refs[1][3:5])  # sequence 1 stops at a string of its own output
-    params = SamplingParams(max_new_tokens=30, temperature=0, stop=(stop_text,))
+    target, prompts, tok, params, _ = rows_stopping_differently()
     engine = Engine(target, noisy_copy(target, 0.005), tokenizer=tok)
     alone = [engine.generate([p], params, mode="sd")[0] for p in prompts]
     results = engine.generate(prompts, params, mode="seed", k_config=(2, 1, 1), draft_batch=draft_batch,

@@ -11,6 +11,7 @@ from typing import Sequence as Seq
 import torch
 
 from .kv_cache import KVCache, layout_of
+from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
@@ -76,8 +77,8 @@ class Engine:
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
 
     def _seed_loop(self) -> "_BackgroundLoop":
-        """The event loop on which synchronous seed calls run: one per engine, so that calls from
-        several threads (e.g. `solve --concurrency`) share one scheduler and its batched forwards."""
+        """The event loop on which synchronous seed and parallel calls run: one per engine, so that calls
+        from several threads (e.g. `solve --concurrency`) share one scheduler and its batched forwards."""
         with self._background_lock:
             if self._background is None:
                 self._background = _BackgroundLoop()
@@ -121,9 +122,11 @@ class Engine:
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
         workers drafted per draft forward (None: all that are ready; 1: one thread per worker, the paper's).
         draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto" or a
-        DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings."""
+        DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
+        parallel mode: every row of every overlapping seed/parallel call on this engine shares target
+        forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         params = params or SamplingParams()
-        if mode == "seed":
+        if self._scheduled(mode):
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # no loop running here: the normal, synchronous caller
@@ -133,8 +136,8 @@ class Engine:
             return self._seed_loop().run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
                                                         draft_policy, policy_options, draft_batch))
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch)
-        if mode == "parallel":
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, prefill=mode != "parallel")
+        if mode == "parallel":  # a model that cannot share forwards across calls (see _scheduled)
             from .parallel import generate_parallel
             generate_parallel(self.target, seqs, params, self.vocab_size)
         else:
@@ -147,15 +150,18 @@ class Engine:
                         k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int = 1,
                         draft_policy=None, policy_options: dict | None = None,
                         draft_batch: int | None = 1) -> list[GenerationResult]:
-        """The coroutine form, for callers that already run an event loop. Non-seed modes run in a thread."""
+        """The coroutine form, for callers that already run an event loop. Modes that do not go
+        through the scheduler (see `_scheduled`) run in a thread."""
         params = params or SamplingParams()
-        if mode != "seed":
+        if not self._scheduled(mode):
             return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch,
                                            draft_policy, policy_options, draft_batch)
         from .seed import SeedScheduler
+        if mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
+            n_workers, verify_batch, draft_batch = None, None, 1
         start = time.perf_counter()
         seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch)
-        policy = self.policy(mode, k_config, params, draft_policy, policy_options)
+        policy = self.policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
         loop = asyncio.get_running_loop()
         scheduler = self._seed_schedulers.get(loop)
         if scheduler is None:  # one scheduler per event loop serves every concurrent call on it
@@ -170,8 +176,28 @@ class Engine:
         from .pipeline.api import generate_pipelined
         return generate_pipelined(self, prompts, params, mode, stages, **options)
 
-    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int = 1,
-               draft_batch: int | None = 1):
+    def _scheduled(self, mode: str) -> bool:
+        """Whether calls of this mode run on the engine's SeedScheduler, whose target forwards every
+        overlapping call shares. seed always does. parallel does too, as plain target steps (a round
+        that drafts nothing), so N concurrent parallel calls (`solve --concurrency N`) batch across
+        calls exactly as N seed calls do: a row joins at its next step and leaves when it stops.
+        One code path serves a call alone or with others: a static per-call batch could not take rows
+        of calls that start after it, and seed and parallel then pay the same per-forward costs
+        (prefill, padded KV stacking, 4D masks), so their difference is speculation alone.
+        Only a target that cannot take batched 4D masks (ALiBi: Bloom, MPT) keeps the static
+        left-padded batch of parallel.py, one per call, which its 2D padding mask serves exactly."""
+        if mode == "seed":
+            return True
+        if mode != "parallel":
+            return False
+        try:
+            layout_of(self.target).check_tree_masks("parallel across calls")
+        except UnsupportedAttention:
+            return False
+        return True
+
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | None = 1,
+               draft_batch: int | None = 1, prefill: bool = True):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         k_config = check_k_config(k_config)
@@ -185,8 +211,8 @@ class Engine:
         self._check_context(encoded, params, mode)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
         seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
-        if mode != "parallel":
-            self._prefill_shared(seqs, with_draft=mode != "ar")
+        if prefill:  # the static parallel batch scores its prompts inside its first decode forward
+            self._prefill_shared(seqs, with_draft=mode in DRAFTING_MODES)
         return seqs, k_config
 
     def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | None,

@@ -6,16 +6,25 @@ uncommitted entry knows its parent, which gives its position id (prefix length +
 row of the 4D attention mask (the prefix plus its ancestors). After verification `commit` keeps
 the accepted root-to-leaf path and drops every other entry, so the cache stays a plain sequence.
 Stock transformers models take the 4D mask and position ids as they are: no forked modeling code.
+
+Storage (issue 10, row_storage.py): per layer, a row's keys/values live in preallocated buffers
+with spare capacity, written in place (growth by doubling: amortised O(1) per token). Forks of one
+prompt read the parent's committed prefix as read-only segments and write only into their own
+buffers. A batched forward (`forward_batch`) appends to every row's own buffers and attends over each
+row's segments where they lie (row_attention.py): no per-call copy of any history. `copy_s`
+counts every KV move that remains (regrowth, commit's compaction of the tree tail, and the
+copying fallback for models whose attention cannot read rows in place).
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
 from transformers import DynamicCache
 
+from . import row_attention
 from .masks import AttentionLayout, build_attention_mask, tree_visibility
+from .row_storage import RowCache, RowLayer
 
 
 def layout_of(model) -> AttentionLayout:
@@ -28,28 +37,36 @@ def layout_of(model) -> AttentionLayout:
 
 
 class KVCache:
-    def __init__(self, cache: DynamicCache | None = None, committed: int = 0):
-        self.cache = cache if cache is not None else DynamicCache()
+    def __init__(self, cache: RowCache | None = None, committed: int = 0):
+        self.cache = cache if cache is not None else RowCache()
         self.committed = committed
         self.parents: list[int] = []  # per uncommitted entry: its parent entry, -1 = the prefix
-        self.copy_s = 0.0  # seconds spent moving KV tensors (dropping entries, batching rows): cache management
+
+    @property
+    def copy_s(self) -> float:
+        """Seconds spent moving KV tensors (regrowth, dropping entries, batching rows): cache management."""
+        return self.cache.copy_s
+
+    @copy_s.setter
+    def copy_s(self, value: float) -> None:
+        self.cache.copy_s = value
 
     @property
     def length(self) -> int:
         return self.committed + len(self.parents)
 
     def fork(self) -> "KVCache":
-        """A cache that shares this committed prefix's tensors (no copy). Safe because transformers'
-        DynamicLayer grows by torch.cat and we shrink by slicing: neither writes into shared storage."""
+        """A cache whose history is this committed prefix, shared read-only (no copy): the fork writes
+        only into its own buffers, and this cache only ever writes past the shared entries."""
         if self.parents:
             raise RuntimeError("fork a cache only when it has no uncommitted entries")
-        clone = copy.copy(self.cache)
-        clone.layers = [copy.copy(layer) for layer in self.cache.layers]
-        return KVCache(clone, self.committed)
+        return KVCache(RowCache([layer.segments() for layer in self.cache.layers]), self.committed)
 
     def forward(self, model, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """Score new entries; parents index the uncommitted entries (old then new), -1 = prefix.
         Returns the logits [len(tokens), V] of the new entries."""
+        if self.cache.forked and row_attention.install(model):  # read the shared prefix in place
+            return forward_batch(model, [self], [tokens], [parents], what="a forked cache")[0]
         n_old = len(self.parents)
         all_parents = self.parents + list(parents)
         device = model.device
@@ -73,48 +90,67 @@ class KVCache:
             if self.parents[entry] != expected:
                 raise ValueError(f"commit expects a chain from the prefix; entry {entry} has parent "
                                  f"{self.parents[entry]}, not {expected}")
-        if keep != list(range(len(self.parents))):
-            if keep == list(range(len(keep))):  # a prefix of the entries: slicing is enough
-                self._select(slice(0, self.committed + len(keep)))
-            else:
-                index = torch.cat([torch.arange(self.committed), self.committed + torch.tensor(keep, dtype=torch.long)])
-                self._select(index)
+        self.keep_entries(keep)
         self.committed += len(keep)
         self.parents = []
 
-    def _select(self, index) -> None:
+    def keep_entries(self, entries: list[int]) -> None:
+        """Reorder the uncommitted tail to `entries` (indices of uncommitted entries), dropping the
+        rest, in place: only tail entries move, never the history. The caller fixes `parents`."""
+        if entries == list(range(len(self.parents))):
+            return
         start = time.perf_counter()
-        self._select_layers(index)
-        self.copy_s += time.perf_counter() - start
-
-    def _select_layers(self, index) -> None:
         for layer in self.cache.layers:
-            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
-                continue
-            if getattr(layer, "is_sliding", False):
-                raise NotImplementedError("sliding-window cache layers are not supported by the tree verifier")
-            if isinstance(index, torch.Tensor):
-                idx = index.to(layer.keys.device)
-                layer.keys = layer.keys.index_select(-2, idx)
-                layer.values = layer.values.index_select(-2, idx)
-            else:
-                layer.keys = layer.keys[..., index, :]
-                layer.values = layer.values[..., index, :]
-
+            if layer.n_own or layer.shared:
+                own_committed = self.committed - sum(k.shape[-2] for k, _ in layer.shared)
+                layer.keep_tail(own_committed, entries)
+        self.copy_s += time.perf_counter() - start
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)") -> list[torch.Tensor]:
-    """`KVCache.forward` for several sequences in ONE padded forward (batched drafting and verification).
+    """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
-    `KVCache.forward`. Each row's history (committed prefix + uncommitted entries) is left-padded to
-    the longest and its new entries right-padded to the longest query; the 4D mask hides padding,
-    so every row attends exactly to what its own `KVCache.forward` would. Afterwards each cache
-    takes back its own slice (and stays unpadded).
+    `KVCache.forward`. New entries are right-padded to the longest query; padding never reaches a
+    row's storage. Every row attends exactly to what its own `KVCache.forward` would, over its own
+    storage where it lies (row_attention.py); models whose attention cannot do that (Falcon) take
+    `_forward_batch_copied`.
     """
-    device, dtype = model.device, model.dtype
     layout = layout_of(model)
     layout.check_tree_masks(what)
+    if not row_attention.install(model):
+        return _forward_batch_copied(model, layout, caches, tokens, parents)
+    device, dtype = model.device, model.dtype
+    windows = row_attention.layer_windows(model, layout)
+    n_query = max(len(t) for t in tokens)
+    input_ids = torch.zeros(len(caches), n_query, dtype=torch.long)
+    query_pos = torch.zeros(len(caches), n_query, dtype=torch.long)
+    masks = []
+    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+        allowed, row_qpos, row_kpos = tree_visibility(kv.committed, kv.parents + list(pars), len(kv.parents))
+        masks.append(row_attention.row_masks(allowed, row_qpos, row_kpos, set(windows), dtype, device))
+        input_ids[b, : len(toks)] = torch.tensor(toks)
+        query_pos[b, : len(toks)] = row_qpos
+        query_pos[b, len(toks):] = kv.length  # padding queries: any valid position, their output is dropped
+    batch = row_attention.RowBatchCache(model.config, [kv.cache for kv in caches], [len(t) for t in tokens],
+                                        masks, windows)
+    placeholder = torch.zeros(len(caches), 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
+    mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
+    with row_attention.active_batch(batch):
+        out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
+                    past_key_values=batch, use_cache=True)
+    logits = []
+    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+        kv.parents = kv.parents + list(pars)
+        logits.append(out.logits[b, : len(toks)])
+    return logits
+
+
+def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
+                          parents: list[list[int]]) -> list[torch.Tensor]:
+    """The fallback: every row's history left-padded into one DynamicCache (a copy per call, counted in
+    copy_s), one forward with a padded 4D mask, then each row appends its new entries to its storage."""
+    device, dtype = model.device, model.dtype
     n_hist = max(kv.length for kv in caches)
     n_query = max(len(t) for t in tokens)
     batch = len(caches)
@@ -133,44 +169,39 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
         for row in range(len(toks), n_query):  # padding queries see only themselves (no NaN rows)
             allowed[b, row, n_hist + row] = True
             query_pos[b, row] = key_pos[b, n_hist + row] = kv.length
-    n_prefix = n_hist  # the stacked history every row is padded to
     mask = build_attention_mask(layout, allowed, query_pos, key_pos, dtype, device)
     copy_start = time.perf_counter()
     stacked = DynamicCache()
-    if n_prefix:  # a batch of one-token prompts has no history yet: nothing to stack
-        template = next(kv for kv in caches if kv.length == n_prefix).cache.layers
-        for layer_idx, layer in enumerate(template):
+    if n_hist:  # a batch of one-token prompts has no history yet: nothing to stack
+        template = next(kv for kv in caches if kv.length == n_hist).cache
+        for layer_idx, layer in enumerate(template.layers):
             keys, values = [], []
             for kv in caches:
                 k, v = _layer_kv(kv, layer_idx, layer)
-                pad = n_prefix - k.shape[-2]
+                pad = n_hist - k.shape[-2]
                 keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
     copy_s = time.perf_counter() - copy_start
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
                 attention_mask=mask, past_key_values=stacked, use_cache=True)
-    copy_start = time.perf_counter()
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
-        keep = slice(n_prefix - kv.length, n_prefix + len(toks))
-        fresh = DynamicCache()
         for layer_idx, layer in enumerate(stacked.layers):
-            fresh.update(layer.keys[b: b + 1, :, keep], layer.values[b: b + 1, :, keep], layer_idx)
-        kv.cache = fresh
+            new = slice(n_hist, n_hist + len(toks))
+            kv.cache.layer(layer_idx).append(layer.keys[b: b + 1, :, new], layer.values[b: b + 1, :, new])
         kv.parents = kv.parents + list(pars)
         logits.append(out.logits[b, : len(toks)])
-    # the padded copy in and the split out are what this layout costs per forward (issue 10 measures it)
-    copy_s += time.perf_counter() - copy_start
-    for kv in caches:
+    for kv in caches:  # the padded copy in is what this layout costs per forward (issue 10 measures it)
         kv.copy_s += copy_s / batch
     return logits
 
 
-def _layer_kv(kv: KVCache, layer_idx: int, template):
-    """This row's keys/values of one layer; an empty slice shaped like `template`'s (the model's real
-    cache layout: its KV heads and head size, e.g. one head for multi-query Falcon) when it has none."""
+def _layer_kv(kv: KVCache, layer_idx: int, template: RowLayer):
+    """This row's keys/values of one layer (joined from its segments); an empty slice shaped like
+    `template`'s (the model's real KV heads and head size, e.g. one head for multi-query Falcon)."""
     layers = kv.cache.layers
     if kv.length and layer_idx < len(layers):
         return layers[layer_idx].keys, layers[layer_idx].values
-    return template.keys[:1, ..., :0, :], template.values[:1, ..., :0, :]
+    keys, values = template.segments()[0]
+    return keys[:1, ..., :0, :], values[:1, ..., :0, :]

@@ -1,4 +1,8 @@
-"""The Parallel baseline (the SEED paper's Fig. 1(d)): batched AR over all prompts.
+"""The Parallel baseline (the SEED paper's Fig. 1(d)) as one static batch per call.
+
+`parallel` normally runs on the engine's SeedScheduler as plain target steps, so that overlapping
+calls share forwards (Engine._scheduled); this static batch serves the targets that cannot take the
+scheduler's batched 4D masks (ALiBi: Bloom, MPT), whose 2D padding mask it builds exactly.
 
 Prompts are left-padded to one length; position ids come from the attention mask so that each
 row sees exactly the positions it would see alone. The prompt is scored inside the first decode forward (no separate prefill is

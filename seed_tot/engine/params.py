@@ -75,7 +75,7 @@ class GenerationStats:
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
     draft_busy_s: float = 0.0
-    kv_copy_s: float = 0.0  # cache management: moving KV tensors (batch stacking, dropping rejected entries)
+    kv_copy_s: float = 0.0  # cache management: moving KV tensors (compacting accepted entries, regrowing storage)
     wall_s: float = 0.0
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
 

@@ -11,6 +11,11 @@ share draft forwards (batched_draft.DraftBatcher, up to the head request's draft
 sequence joins when its call starts and leaves when it stops; each keeps its own generator and
 sampling params, so what it generates never depends on what else shares its forwards.
 
+A call with policy None drafts nothing: each of its rounds is an empty tree verified by the target,
+i.e. one plain decode step per row. That is the `parallel` baseline under continuous batching: its
+rows share target forwards with every other queued row (verify_batch None) and never touch a draft
+model or draft cache, so an engine without a draft model serves it.
+
 Why threads under asyncio: the event loop only schedules; every model forward runs in an
 executor thread, so the target really computes while other workers draft (torch releases the GIL
 inside its kernels). Draft forwards get a pool of `n_workers` threads, the target one thread of
@@ -112,7 +117,7 @@ class _Streams:
 class _Call:
     """One agenerate call's settings and timeline (events are relative to its own start)."""
 
-    policy: DraftPolicy
+    policy: DraftPolicy | None  # None: draft nothing (plain target steps, the parallel baseline)
     verify_batch: int | None
     draft_batch: int | None
     t0: float = field(default_factory=time.perf_counter)
@@ -162,12 +167,14 @@ class SeedScheduler:
             pool.shutdown(wait=False)
         self._queue = None
 
-    async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...], n_workers: int | None = None,
-                  verify_batch: int | None = 1, draft_batch: int | None = 1) -> list[dict]:
-        """Generate every sequence of one call; returns the call's event timeline."""
+    async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...] | None,
+                  n_workers: int | None = None, verify_batch: int | None = 1, draft_batch: int | None = 1) -> list[dict]:
+        """Generate every sequence of one call; returns the call's event timeline.
+        policy None: no drafting, one target step per round (the sequences need no draft cache)."""
         _check_batches(n_workers, verify_batch, draft_batch)
         # a k_config is the `fixed` policy of that shape
-        policy = policy if isinstance(policy, DraftPolicy) else FixedPolicy(policy)
+        if policy is not None and not isinstance(policy, DraftPolicy):
+            policy = FixedPolicy(policy)
         call = _Call(policy, verify_batch, draft_batch)
         # event times are relative to this instant; its absolute clock lets a trace place them exactly
         call.events.append({"type": "start", "t": 0.0, "clock": call.t0})
@@ -199,7 +206,9 @@ class SeedScheduler:
             while not seq.done:
                 start = call.now()
                 try:
-                    if call.draft_batch == 1:
+                    if call.policy is None:  # a plain target step: nothing to draft, no draft model
+                        tree, node_entry = DraftTree.empty(engine.vocab_size), {}
+                    elif call.draft_batch == 1:
                         tree, node_entry = await loop.run_in_executor(
                             self._draft_pool, self._streams.run, draft_round, engine.draft, seq, call.policy,
                             seq.rule.params, engine.vocab_size)
@@ -208,8 +217,9 @@ class SeedScheduler:
                 except Exception as err:
                     raise SeedError(f"draft worker for sequence {seq.index} failed: {err!r}") from err
                 end = call.now()
-                call.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
-                                    "tokens": len(tree)})
+                if call.policy is not None:
+                    call.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
+                                        "tokens": len(tree)})
                 job = VerifyJob(seq, tree, node_entry, end, call)
                 await self._queue.push(job)
                 call.events.append({"type": "enqueue", "worker": seq.index, "t": call.now(),
@@ -234,7 +244,8 @@ class SeedScheduler:
                 if isinstance(outcome, Exception):  # confined to this job's sequence
                     job.error = outcome
                 else:
-                    job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
+                    if job.call.policy is not None:
+                        job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
                     job.call.events.append({
                         "type": "verify", "worker": job.seq.index, "start": starts[id(job.call)],
                         "end": job.call.now(), "enqueued": job.enqueued, "accepted": len(outcome.path),

@@ -79,13 +79,7 @@ class StageKV:
             if kv.parents[e] != anchor and kv.parents[e] not in slot:
                 raise ValueError(f"retain: kept entry {e} hangs off neither the new prefix nor a kept entry")
             parents.append(slot.get(kv.parents[e], -1))
-        order = commit + keep
-        if order != list(range(len(kv.parents))):
-            index = torch.cat([torch.arange(kv.committed), kv.committed + torch.tensor(order, dtype=torch.long)])
-            for layer in kv.cache.layers:
-                if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                    layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
-                    layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+        kv.keep_entries(commit + keep)  # in place: only the uncommitted tail moves
         kv.committed += len(commit)
         kv.parents = parents
         self.ids = keep_ids
