@@ -79,6 +79,8 @@ def main() -> None:
     for label, mode, k, policy, options in settings(args.head):
         if only and label not in only and label != "ar":
             continue
+        if policy:  # built (auto: calibrated, specdec: head loaded) before the clock starts, once per setting
+            engine.policy(mode, k, params, policy, options)
         wall, tokens, fwd, dfwd, new, records = 0.0, [], 0.0, 0.0, 0, []
         drafted = accepted = 0
         for i, p in enumerate(prompts):
