@@ -4,9 +4,15 @@ loss = -(w_acc * y * log s + w_rej * (1 - y) * log(1 - s)) averaged over the row
 the data module already dropped X positions). The held-out loss is reported beside the loss of the
 best constant predictor, c = w_acc*E[y] / (w_acc*E[y] + w_rej*E[1-y]), which the head must beat to
 have learned anything about *which* tokens get accepted.
+
+Early stopping: a few thousand rows are easy to memorise (the first Qwen head reached train loss
+0.08 and held-out 4.3 against the constant's 0.95), so the rows are split train / validation /
+held-out, the head keeps the weights of its best validation loss (checked every `eval_every`
+steps), and the held-out rows, never used for that choice, give the reported loss.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,13 +64,24 @@ def split(data: HeadData, heldout_fraction: float, seed: int) -> tuple[HeadData,
 
 def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_acc: float = 1.0, w_rej: float = 6.0,
                batch: int = 256, lr: float = 1e-3, heldout_fraction: float = 0.1, seed: int = 0,
-               checkpoint_every: int = 100, progress=None) -> TrainResult:
-    """Train (resuming from out/checkpoint.pt when present) and evaluate on the held-out rows."""
+               checkpoint_every: int = 100, eval_every: int = 25, progress=None) -> TrainResult:
+    """Train (resuming from out/checkpoint.pt when present), keep the weights of the best validation
+    loss, and evaluate them on the held-out rows."""
     train, held = split(data, heldout_fraction, seed)
+    train, val = split(train, heldout_fraction, seed + 1)
     optim = torch.optim.AdamW(head.parameters(), lr=lr)
     out.mkdir(parents=True, exist_ok=True)
     step = checkpoints.resume(out, "head", head, optim)
     generator = torch.Generator().manual_seed(seed + step)
+
+    def val_loss() -> float:
+        head.eval()
+        with torch.no_grad():
+            loss = float(weighted_bce(head(val.hidden), val.labels, w_acc, w_rej))
+        head.train()
+        return loss
+
+    best_loss, best_state = val_loss(), copy.deepcopy(head.state_dict())
     head.train()
     while step < steps:
         idx = torch.randint(len(train.labels), (min(batch, len(train.labels)),), generator=generator)
@@ -75,8 +92,13 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
         step += 1
         if progress is not None:
             progress(step, loss.item())
+        if step % eval_every == 0 or step == steps:
+            current = val_loss()
+            if current < best_loss:
+                best_loss, best_state = current, copy.deepcopy(head.state_dict())
         if step % checkpoint_every == 0 or step == steps:
             checkpoints.save(out, "head", head, optim, step)
+    head.load_state_dict(best_state)  # early stopping: the weights of the best validation loss
     head.eval()
     with torch.no_grad():
         held_loss = float(weighted_bce(head(held.hidden), held.labels, w_acc, w_rej))
