@@ -64,7 +64,7 @@ def split(data: HeadData, heldout_fraction: float, seed: int) -> tuple[HeadData,
 
 def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_acc: float = 1.0, w_rej: float = 6.0,
                batch: int = 256, lr: float = 1e-3, heldout_fraction: float = 0.1, seed: int = 0,
-               checkpoint_every: int = 100, eval_every: int = 25, progress=None) -> TrainResult:
+               checkpoint_every: int = 100, eval_every: int = 5, progress=None) -> TrainResult:
     """Train (resuming from out/checkpoint.pt when present), keep the weights of the best validation
     loss, and evaluate them on the held-out rows."""
     train, held = split(data, heldout_fraction, seed)

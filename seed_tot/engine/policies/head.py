@@ -21,6 +21,9 @@ class AcceptanceHead(nn.Module):
     def __init__(self, hidden_size: int, layers: int = 2, width: int | None = None):
         super().__init__()
         width = width or hidden_size
+        # the draft's final hidden states are raw (pre-norm) activations with a few huge channels:
+        # normalising them first keeps a small head from fitting those channels' noise
+        self.norm = nn.LayerNorm(hidden_size)
         self.inp = nn.Linear(hidden_size, width)
         self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.SiLU())
                                     for _ in range(layers))
@@ -28,7 +31,7 @@ class AcceptanceHead(nn.Module):
         self.config = {"hidden_size": hidden_size, "layers": layers, "width": width}
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.inp(hidden.float())
+        x = self.inp(self.norm(hidden.float()))
         for block in self.blocks:
             x = x + block(x)  # residual: depth never hurts the starting point
         return self.out(x).squeeze(-1)
