@@ -28,7 +28,7 @@ log = logging.getLogger("draft_policies")
 def settings(head: str | None) -> list[tuple[str, str, tuple[int, ...], str | None, dict]]:
     rows = [("ar", "ar", (1,), None, {})]
     rows += [(f"sd fixed k={k}", "sd", (1,) * k, None, {}) for k in (2, 3, 4, 5)]
-    rows += [("mcsd (2,2,1)", "mcsd", (2, 2, 1), None, {})]
+    rows += [("mcsd k=2-2-1", "mcsd", (2, 2, 1), None, {})]
     rows += [(f"opt-tree n={n} delta={d}", "sd", (1,), "opt-tree", {"n": str(n), "delta": str(d)})
              for n in (4, 8, 16) for d in (0.2, 0.5)]
     if head:

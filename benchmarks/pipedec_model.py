@@ -43,16 +43,18 @@ def layer_cost(model, width: int, prefix: int, repeats: int) -> float:
     """Seconds for one decoder layer over `width` new tokens that see a `prefix`-token KV cache."""
     from transformers import DynamicCache
 
+    from seed_tot.engine.kv_cache import layout_of
     from seed_tot.engine.pipeline.stages import tree_mask
     layer, rotary = model.model.layers[0], model.model.rotary_emb
+    layout = layout_of(model)
     dtype, device, hidden = model.dtype, model.device, model.config.hidden_size
     cache = DynamicCache()
     past = torch.randn(1, prefix, hidden, dtype=dtype, device=device)
-    pos, mask = tree_mask(0, [i - 1 for i in range(prefix)], 0, dtype, device)
+    pos, mask = tree_mask(layout, 0, [i - 1 for i in range(prefix)], 0, dtype, device)
     layer(past, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
           position_embeddings=rotary(past, position_ids=pos))
     x = torch.randn(1, width, hidden, dtype=dtype, device=device)
-    pos, mask = tree_mask(prefix, [-1] * width, 0, dtype, device)
+    pos, mask = tree_mask(layout, prefix, [-1] * width, 0, dtype, device)
     emb = rotary(x, position_ids=pos)
 
     def step():
