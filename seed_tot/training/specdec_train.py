@@ -99,6 +99,7 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
         if step % checkpoint_every == 0 or step == steps:
             checkpoints.save(out, "head", head, optim, step)
     head.load_state_dict(best_state)  # early stopping: the weights of the best validation loss
+    checkpoints.save(out, "head", head, optim, step)  # so a rerun resumes to these weights, not the last ones
     head.eval()
     with torch.no_grad():
         held_loss = float(weighted_bce(head(held.hidden), held.labels, w_acc, w_rej))
