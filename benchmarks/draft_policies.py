@@ -58,7 +58,7 @@ def hf_assisted(engine: Engine, prompts: list[str], params: SamplingParams) -> t
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
-    ap.add_argument("--draft", default=None, help="default: the embedded self-draft (the target's first layers)")
+    ap.add_argument("--draft", default=None, help="default: the drafter shipped for the target, else its first layers (self: those layers by name)")
     ap.add_argument("--data", required=True)
     ap.add_argument("-n", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=64)

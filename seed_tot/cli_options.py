@@ -25,8 +25,9 @@ def model_options(fn):
     for option in reversed([
         click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
         click.option("--draft", default=None, help="Hub id, local dir or .gguf file, or a drafter dir from `seed-tot train-drafter` "
-                                                   "(default: the target's first --draft-layers layers)."),
-        click.option("--draft-layers", default=4, show_default=True, help="Depth of the default layer-truncated draft."),
+                                                   "(default: the drafter shipped for the target, else the target's first --draft-layers "
+                                                   "layers; 'self' names those layers)."),
+        click.option("--draft-layers", default=4, show_default=True, help="Depth of the layer-truncated self-draft."),
         click.option("--device", default="auto", show_default=True),
         click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)."),
     ]):

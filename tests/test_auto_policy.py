@@ -10,7 +10,8 @@ import torch
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.draft_tree import DraftTree
-from seed_tot.engine.policies.auto import AutoPolicy, Costs, best_length, derive_opt_tree_options, load_costs
+from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
+                                          load_costs)
 from seed_tot.engine.verify import Acceptance
 from test_specdec import ConstantHead
 
@@ -73,8 +74,41 @@ def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch, llama_pa
     engine = Engine(*llama_pair)
     first = load_costs(engine)
     cached = json.loads((tmp_path / "calibration.json").read_text())
-    assert len(cached) == 1 and all(v > 0 for v in next(iter(cached.values())).values() if v)
+    entry = next(iter(cached.values()))
+    assert len(cached) == 1 and entry["draft_step_s"] > 0 and entry["target_fixed_s"] > 0
+    assert [n for n, _ in entry["target_points"]] == list(CALIBRATION_TOKENS)
+    assert all(t > 0 for _, t in entry["target_points"])
     assert load_costs(engine) == first  # read back, not measured again
+
+
+def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path, monkeypatch, llama_pair):
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))
+    engine = Engine(*llama_pair)
+    key = f"{engine.target_name}|{engine.draft_name}|{engine.target.device}|{engine.target.dtype}"
+    (tmp_path / "calibration.json").write_text(json.dumps({key: {"target_fixed_s": 9.0, "target_per_token_s": 9.0,
+                                                                 "draft_step_s": 9.0}}))
+    costs = load_costs(engine)
+    assert costs.target_points and costs.draft_step_s != 9.0
+
+
+# a CPU-like target: flat up to 3 tokens, then 45 ms per token (issue 10's cost table, rounded)
+CPU_POINTS = ((1, 0.232), (2, 0.238), (3, 0.245), (4, 0.290), (6, 0.380), (8, 0.470), (12, 0.650), (16, 0.830))
+
+
+def test_piecewise_costs_interpolate_between_measured_sizes_and_extrapolate_the_last_slope():
+    costs = Costs(0.1, 0.04, 0.1, CPU_POINTS)
+    assert costs.target(2) == pytest.approx(0.238)
+    assert costs.target(5) == pytest.approx((0.290 + 0.380) / 2)
+    assert costs.target(20) == pytest.approx(0.830 + 4 * 0.045)
+    assert costs.extra_token(2) == pytest.approx(0.007)
+
+
+def test_piecewise_costs_draft_two_tokens_where_a_straight_line_through_1_and_16_says_one():
+    # the Qwen pair's measured regime (session 4): acceptance 0.84, a draft step 0.11 s
+    line = Costs(0.232 - 0.04, 0.04, 0.11)  # through (1, 0.232) and (16, 0.832)
+    piecewise = Costs(0.232 - 0.04, 0.04, 0.11, CPU_POINTS)
+    assert best_length(0.84, line, 8) == 1
+    assert best_length(0.84, piecewise, 8) >= 2
 
 
 def test_corrupt_calibration_cache_is_a_clear_error(tmp_path, monkeypatch, llama_pair):

@@ -69,6 +69,8 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     config = json.loads((out / "drafter.json").read_text())
     assert config["target"] == target_dir and config["method"] == "parallelspec"
     assert config["training"]["samples"] == 5  # 3 questions x (thought, answer) - 1 held out
+    card = (out / "MODEL_CARD.md").read_text()  # the model card reproduces the run and states its tau
+    assert f"--data {data}" in card and "--k 2" in card and f"tau {report['heldout']['tau']:.2f}" in card
     engine = Engine.from_pretrained(target=target_dir, draft=str(out), device="cpu")
     prompt = engine.encode(["Tom has"])[0]
     generated = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode="seed")[0]

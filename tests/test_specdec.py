@@ -125,3 +125,22 @@ def test_train_head_command_writes_a_loadable_head(tiny_model_dirs, tmp_path):
     assert trained_for["temperature"] == 0.0
     again = CliRunner().invoke(main, args)  # cached data, finished checkpoint: resumes
     assert again.exit_code == 0 and "reusing" in again.output
+
+
+def test_specdec_in_batched_seed_drafts_several_rows_per_forward_and_equals_target_alone():
+    """A policy that reads the draft's hidden states keeps batched drafting (one capture holds the
+    batch, each row reads its own entries) and stays exact."""
+    target = tiny_model("llama", seed=3)
+    draft = noisy_copy(target, 0.005)
+    prompts = [[5], [1, 2, 3, 4, 5, 6, 7], [9, 9, 2], [4, 4]]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    batched_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=HiddenCapture.of(draft))
+    batched = engine.generate(prompts, params, mode="seed", draft_policy=batched_policy, draft_batch=None,
+                              verify_batch=None)
+    assert [r.token_ids for r in batched] == refs
+    assert 5 in {r["drafted"] for r in batched_policy.records}  # the head still decides: chains of five
+    one_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=HiddenCapture.of(draft))
+    one = engine.generate(prompts, params, mode="seed", draft_policy=one_policy, draft_batch=1, verify_batch=1)
+    assert sum(r.stats.draft_forwards for r in batched) < sum(r.stats.draft_forwards for r in one) / 2

@@ -32,9 +32,11 @@ def draft_batch_round(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_siz
                       ) -> list[tuple[DraftTree, dict[int, int]]]:
     """One draft round for every (sequence, its call's policy), one batched draft forward per step of
     the longest round. Each sequence drafts with its own call's sampling params (`seq.rule.params`)."""
-    if len(rows) == 1 or any(policy.capture is not None for _, policy in rows):
-        # one row needs no padding; a policy reading hidden states captures them per forward
+    if len(rows) == 1:  # one row needs no padding
         return [draft_round(model, seq, policy, seq.rule.params, vocab_size) for seq, policy in rows]
+    # policies that read hidden states (specdec, auto with a head): a capture holds the whole batch's
+    # final hidden states, row j's first len(feed) entries are its own
+    captures = {id(policy.capture): policy.capture for _, policy in rows if policy.capture is not None}
     seqs = [seq for seq, _ in rows]
     start = time.perf_counter()
     rounds = [policy.begin(seq, seq.rule.params, vocab_size) for seq, policy in rows]
@@ -45,9 +47,12 @@ def draft_batch_round(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_siz
             break
         logits = forward_batch(model, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
                                [feeds[i].parents for i in active], what="batched drafting (draft_batch > 1)")
-        for i, row_logits in zip(active, logits):
+        hidden = {key: capture.take_rows() for key, capture in captures.items()}
+        for j, (i, row_logits) in enumerate(zip(active, logits)):
             seqs[i].stats.draft_forwards += 1 / len(active)  # one forward shared by the active rows
-            feeds[i] = rounds[i].step(row_logits, None)
+            capture = rows[i][1].capture
+            row_hidden = hidden[id(capture)][j, :len(feeds[i].tokens)] if rounds[i].needs_hidden else None
+            feeds[i] = rounds[i].step(row_logits, row_hidden)
     busy = time.perf_counter() - start
     out = []
     for seq, rnd in zip(seqs, rounds):

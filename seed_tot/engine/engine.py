@@ -12,7 +12,7 @@ import torch
 
 from .kv_cache import KVCache, layout_of
 from .masks import UnsupportedAttention
-from .models import DEFAULT_DRAFT_LAYERS, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
+from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
 from .speculative import draft_round, prefill, verify_round
@@ -51,24 +51,30 @@ class Engine:
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
                         load_draft: bool = True) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
-        embedded SmolLM2-135M-Instruct. No draft: the target's first `draft_layers` layers. A draft
-        directory from `seed-tot train-drafter` is a drafter trained for this target (else an error).
+        embedded SmolLM2-135M-Instruct. No draft: the drafter shipped in the package for this target
+        (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
+        draft="self" asks for those layers by name. A draft directory from `seed-tot train-drafter` is
+        a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory)."""
         dev = resolve_device(device)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         target = target or default_target()
         tokenizer = load_tokenizer(target)
-        from .drafters import is_drafter_dir, load_drafter
-        drafter_dir = load_draft and draft is not None and is_drafter_dir(draft)  # shares the target's vocabulary
-        if load_draft and draft is not None and not drafter_dir:  # tokenizers first: a mismatch fails before any weights load
+        from .drafters import is_drafter_dir, load_drafter, shipped_drafter_for
+        self_draft = draft == SELF_DRAFT
+        drafter_dir = load_draft and draft is not None and not self_draft and is_drafter_dir(draft)  # shares the target's vocabulary
+        if load_draft and draft is not None and not self_draft and not drafter_dir:  # tokenizers first: a mismatch fails before any weights load
             check_same_vocabulary(tokenizer, load_tokenizer(draft), target, draft)
         target_model = load_model(target, dev, dtype)
         if not load_draft:
             if draft is not None:
                 log.info("not loading draft %s: the requested mode runs the target alone", draft)
             return cls(target_model, None, tokenizer, target_name=target, draft_name="none")
-        if draft is None:
+        shipped = shipped_drafter_for(target_model) if draft is None else None
+        if shipped is not None:
+            draft_model, draft_name = load_drafter(shipped, target_model, target), f"shipped:{shipped.name}"
+        elif draft is None or self_draft:
             draft_model, draft_name = truncated_draft(target_model, draft_layers), f"{target}[:{draft_layers} layers]"
         elif drafter_dir:  # a trained drafter (seed-tot train-drafter): checked against this target
             draft_model, draft_name = load_drafter(draft, target_model, target), draft

@@ -62,11 +62,13 @@ class KVCache:
             raise RuntimeError("fork a cache only when it has no uncommitted entries")
         return KVCache(RowCache([layer.segments() for layer in self.cache.layers]), self.committed)
 
-    def forward(self, model, tokens: list[int], parents: list[int]) -> torch.Tensor:
+    def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0) -> torch.Tensor:
         """Score new entries; parents index the uncommitted entries (old then new), -1 = prefix.
-        Returns the logits [len(tokens), V] of the new entries."""
+        Returns the logits [len(tokens), V] of the new entries, or of the last `logits_to_keep` of
+        them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model)."""
         if self.cache.forked and row_attention.install(model):  # read the shared prefix in place
-            return forward_batch(model, [self], [tokens], [parents], what="a forked cache")[0]
+            logits = forward_batch(model, [self], [tokens], [parents], what="a forked cache")[0]
+            return logits[-logits_to_keep:] if logits_to_keep else logits
         n_old = len(self.parents)
         all_parents = self.parents + list(parents)
         device = model.device
@@ -78,8 +80,9 @@ class KVCache:
             mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], model.dtype, device)
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
+        keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
-                    attention_mask=mask, past_key_values=self.cache, use_cache=True)
+                    attention_mask=mask, past_key_values=self.cache, use_cache=True, **keep)
         self.parents = all_parents
         return out.logits[0]
 

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_DRAFT_LAYERS = 4
+SELF_DRAFT = "self"  # --draft self: the target's first --draft-layers layers, even where a drafter ships
 
 
 def default_target() -> str:

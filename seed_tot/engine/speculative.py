@@ -32,7 +32,7 @@ def _chain_parents(n: int) -> list[int]:
 def prefill(model, kv, prompt: list[int]) -> None:
     """Put all but the last prompt token in the cache; the last one is scored with the first round."""
     if len(prompt) > 1:
-        kv.forward(model, prompt[:-1], _chain_parents(len(prompt) - 1))
+        kv.forward(model, prompt[:-1], _chain_parents(len(prompt) - 1), logits_to_keep=1)
     kv.commit(list(range(len(kv.parents))))
 
 

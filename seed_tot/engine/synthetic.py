@@ -140,6 +140,8 @@ class OracleLM(nn.Module):
         # overwrite in place: the real logits were computed (their cost is paid), their values are not used
         logits = out.logits.zero_()
         positions = position_ids.expand_as(input_ids)
+        kept = logits.shape[1]  # logits_to_keep: the model scored only the last positions
+        input_ids, positions = input_ids[:, -kept:], positions[:, -kept:]
         if self.role == "target":
             picks = target_token(input_ids, positions, self.vocab)[..., None]
             values = torch.full(picks.shape, TOP_LOGIT, dtype=logits.dtype, device=logits.device)

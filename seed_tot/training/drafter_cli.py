@@ -115,6 +115,26 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
                 "samples": len(samples), "response_tokens": response_tokens,
                 "generate_minutes": gen_s / 60, "train_minutes": train_s / 60}
     save_drafter(drafter, out, engine.target, engine.target_name, training)
+    command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
+               f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
+               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--seed {seed}", f"--out {out}"]
+    if target:
+        command.insert(2, f"--target {target}")
+    (out / "MODEL_CARD.md").write_text(model_card(method, k, layers, training, " ".join(command)), encoding="utf-8")
     click.echo(json.dumps({"drafter": str(out), "method": method, "k": drafter.n_masks, "layers": layers,
                            "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau,
                            "weights_mb": (out / "drafter.safetensors").stat().st_size / 2**20}, indent=2))
+
+
+def model_card(method: str, k: int, layers: int, training: dict, command: str) -> str:
+    """A short model card from the training record: what the drafter is, its data, cost and tau."""
+    held = training["heldout"]
+    accuracy = ", ".join(f"{a:.2f}" for a in training["final_accuracy"])
+    return f"""# {method} drafter for {Path(str(training['target'])).name}
+
+- **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
+- **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['max_examples']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens, the last {training['heldout']['prompts']} prompts held out.
+- **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
+- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.
+- **Reproduce**: `{command}`
+"""

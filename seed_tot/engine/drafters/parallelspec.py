@@ -65,6 +65,7 @@ class ParallelDrafter(nn.Module):
                                        strict=False)
         self.n_masks, self.n_layers = n_masks, n_layers
         self.method = PARALLELSPEC if n_masks else AUTOREGRESSIVE
+        self.default_depth: int | None = None  # the parallelspec policy's depth when none is asked for (None: k+1)
         self.mask_base = embed.weight.shape[0]
         with torch.no_grad():  # masks start near the average token, slightly apart so that they can specialise
             mean, std = embed.weight.float().mean(0), embed.weight.float().std()
@@ -117,6 +118,8 @@ class ParallelDrafter(nn.Module):
         return out.last_hidden_state, out.past_key_values
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
-                **_ignored) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, **_ignored) -> CausalLMOutputWithPast:
         hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache)
+        if logits_to_keep:  # as transformers' causal LMs: the head runs on the last positions only
+            hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=self.shared[1](hidden), past_key_values=cache)

@@ -12,13 +12,18 @@ weights) but not a different model.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from .parallelspec import METHODS, ParallelDrafter
 
+log = logging.getLogger(__name__)
+
 WEIGHTS, CONFIG = "drafter.safetensors", "drafter.json"
+# Drafters that ship in the wheel (package data), one directory each with a MODEL_CARD.md beside them.
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 _SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "intermediate_size")
 _PROBE_ROWS, _PROBE_DIMS = 8, 32
@@ -41,20 +46,41 @@ def target_fingerprint(target) -> dict:
     return {**shape, "embedding_rows": int(table.shape[0]), "embedding_probe": [round(float(x), 6) for x in probe]}
 
 
-def check_fingerprint(saved: dict, target, where: str, trained_for: str, target_name: str) -> None:
-    """Raise a one-line error when `target` is not the model the drafter was trained for."""
+def fingerprint_mismatch(saved: dict, target) -> str | None:
+    """Why `target` is not the model whose fingerprint was `saved` (None when it is)."""
     now = target_fingerprint(target)
     for key in _SHAPE_KEYS + ("embedding_rows",):
         if saved.get(key) != now.get(key):
-            raise ValueError(f"{where}: this drafter was trained for target {trained_for!r} ({key}={saved.get(key)!r}), "
-                             f"but target {target_name!r} has {key}={now.get(key)!r}; train one for it with "
-                             f"`seed-tot train-drafter --target {target_name}`")
+            return f"{key}={saved.get(key)!r} there, {key}={now.get(key)!r} here"
     a, b = torch.tensor(saved["embedding_probe"]), torch.tensor(now["embedding_probe"])
     cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
     if cosine < MIN_PROBE_COSINE:
-        raise ValueError(f"{where}: this drafter was trained for target {trained_for!r}, and target {target_name!r} "
-                         f"has the same shape but other embeddings (probe cosine {cosine:.2f} < {MIN_PROBE_COSINE}); "
-                         f"train one for it with `seed-tot train-drafter --target {target_name}`")
+        return f"the same shape but other embeddings (probe cosine {cosine:.2f} < {MIN_PROBE_COSINE})"
+    return None
+
+
+def check_fingerprint(saved: dict, target, where: str, trained_for: str, target_name: str) -> None:
+    """Raise a one-line error when `target` is not the model the drafter was trained for."""
+    reason = fingerprint_mismatch(saved, target)
+    if reason is not None:
+        raise ValueError(f"{where}: this drafter was trained for target {trained_for!r}, not for target "
+                         f"{target_name!r} ({reason}); train one for it with "
+                         f"`seed-tot train-drafter --target {target_name}`")
+
+
+def shipped_drafter_for(target) -> Path | None:
+    """The drafter shipped inside the package for `target` (today: the embedded SmolLM2-135M-Instruct,
+    whichever of its names loaded it), or None when none fits. A shipped directory whose files are
+    incomplete is skipped with a warning rather than breaking every default load."""
+    for root in sorted(SHIPPED_DIR.glob("*/")) if SHIPPED_DIR.is_dir() else []:
+        try:
+            config = read_config(root)
+        except (OSError, ValueError) as err:
+            log.warning("skipping shipped drafter %s: %s", root, err)
+            continue
+        if (root / WEIGHTS).is_file() and fingerprint_mismatch(config["target_fingerprint"], target) is None:
+            return root
+    return None
 
 
 def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, training: dict | None = None) -> Path:
@@ -112,4 +138,8 @@ def load_drafter(directory, target, target_name: str) -> ParallelDrafter:
         raise ValueError(f"{weights}: does not match a {config['method']} drafter with k={config['k']}, "
                          f"layers={config['layers']} (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
     drafter.training_record = config.get("training", {})
+    depth = config.get("depth")  # optional: the draft depth measured best for this drafter (parallelspec policy)
+    if depth is not None and not (isinstance(depth, int) and 1 <= depth <= config["k"] + 1):
+        raise ValueError(f"{root / CONFIG}: depth={depth!r} must be an integer in 1..k+1={config['k'] + 1}")
+    drafter.default_depth = depth
     return drafter.to(target.device).eval()

@@ -20,7 +20,8 @@ The interface (base.py), designed so that a batched scheduler can drive many row
 A round never calls a model: the driver runs `seq.draft.forward(model, feed.tokens, feed.parents)`
 (speculative.draft_round for one sequence), so a scheduler can put many rows' feeds into one
 forward. `round.needs_hidden` asks for the draft's final hidden states of the fed entries
-(`policy.capture`, a thread-local lm_head pre-hook, provides them in the single-row driver).
+(`policy.capture`, a thread-local lm_head pre-hook, provides them to the single-row driver and,
+row by row, to batched drafting).
 Per-sequence state lives in the policy keyed by the sequence object and is dropped when the
 sequence is done; nothing here starts threads or holds locks.
 

@@ -1,8 +1,11 @@
 """`auto`: the cost-aware policy -- each round, the draft length that maximizes tokens per second.
 
-Costs come from a short calibration on the running hardware (`calibrate`: target forward time as
-a + b * tokens verified, draft time per step), cached per target/draft/device/dtype in
-$SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json. The acceptance estimate is a
+Costs come from a short calibration on the running hardware (`calibrate`: target forward time at
+1, 2, 3, 4, 6, 8, 12 and 16 tokens verified, read piecewise-linearly between them, and draft time
+per step), cached per target/draft/device/dtype in $SEED_TOT_CACHE_DIR (default
+~/.cache/seed-tot)/calibration.json. Piecewise, not a + b * tokens: on a CPU a forward is nearly
+flat up to ~3 tokens and then grows (issue 10's table: 232, 238, 455 ms for 1, 2, 4 tokens), and a
+straight line through 1 and 16 tokens overstates short chains, so auto drafted 1 token where 2 pay. The acceptance estimate is a
 running, decayed per-token acceptance rate of each sequence, starting from a prior. For a chain of
 K drafted tokens with per-token acceptance alpha:
     tokens(K) = (1 - alpha^(K+1)) / (1 - alpha)        time(K) = K * t_draft + t_target(K + 1)
@@ -39,16 +42,32 @@ log = logging.getLogger(__name__)
 MAX_PROBE_GAP = 64
 
 
+CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
 @dataclass(frozen=True)
 class Costs:
-    """Seconds: one target forward costs target_fixed_s + target_per_token_s * tokens; one draft step draft_step_s."""
+    """Seconds. One draft step costs draft_step_s. One target forward of n tokens costs, where
+    `target_points` holds measured (tokens, seconds) pairs, their piecewise-linear interpolation
+    (the last segment's slope past the end); otherwise target_fixed_s + target_per_token_s * n."""
 
     target_fixed_s: float
     target_per_token_s: float
     draft_step_s: float
+    target_points: tuple[tuple[int, float], ...] = ()
 
     def target(self, tokens: int) -> float:
-        return self.target_fixed_s + self.target_per_token_s * tokens
+        points = self.target_points
+        if len(points) < 2:
+            return self.target_fixed_s + self.target_per_token_s * tokens
+        for (n0, t0), (n1, t1) in zip(points, points[1:]):
+            if tokens <= n1 or (n1, t1) == points[-1]:
+                return max(t0 + (t1 - t0) * (tokens - n0) / (n1 - n0), 0.0)
+        raise AssertionError("unreachable")
+
+    def extra_token(self, tokens: int) -> float:
+        """What verifying tokens + 1 instead of `tokens` adds."""
+        return self.target(tokens + 1) - self.target(tokens)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -81,8 +100,9 @@ def _key(engine) -> str:
 
 
 @torch.inference_mode()
-def calibrate(engine, repeats: int = 3, context: int = 64, wide: int = 16) -> Costs:
-    """Time target forwards of 1 and `wide` tokens and draft forwards of 1 token after a `context`-token prefix."""
+def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS) -> Costs:
+    """Time target forwards of each of `sizes` tokens and draft forwards of 1 token after a
+    `context`-token prefix (the best of `repeats`, after a warm-up)."""
     from ..kv_cache import KVCache
     from ..speculative import prefill
 
@@ -99,9 +119,10 @@ def calibrate(engine, repeats: int = 3, context: int = 64, wide: int = 16) -> Co
             kv.commit([])
         return best
 
-    one, many = timed(engine.target, 1), timed(engine.target, wide)
-    per_token = max(0.0, (many - one) / (wide - 1))
-    return Costs(max(one - per_token, 1e-6), per_token, timed(engine.draft, 1))
+    points = tuple((n, timed(engine.target, n)) for n in sorted(set(sizes)))
+    (n0, one), (n1, many) = points[0], points[-1]
+    per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
+    return Costs(max(one - per_token * n0, 1e-6), per_token, timed(engine.draft, 1), points)
 
 
 def load_costs(engine, recalibrate: bool = False) -> Costs:
@@ -113,8 +134,9 @@ def load_costs(engine, recalibrate: bool = False) -> Costs:
         cached = {}
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable calibration cache ({err}); delete it to recalibrate") from None
-    if key in cached and not recalibrate:
-        return Costs(**cached[key])
+    if key in cached and "target_points" in cached[key] and not recalibrate:  # older entries: a line only
+        entry = cached[key]
+        return Costs(**{**entry, "target_points": tuple((int(n), float(t)) for n, t in entry["target_points"])})
     costs = calibrate(engine)
     log.info("calibrated %s: %s", key, costs)
     cached[key] = asdict(costs)
@@ -169,7 +191,7 @@ class AutoPolicy(DraftPolicy):
         e_now = 1.0 + rnd.survival_sum + rnd.survival * a
         e_next = e_now + rnd.survival * a * a
         t_now = n * self.costs.draft_step_s + self.costs.target(n + 1)
-        t_next = t_now + self.costs.draft_step_s + self.costs.target_per_token_s
+        t_next = t_now + self.costs.draft_step_s + self.costs.extra_token(n + 1)
         return e_next / t_next <= e_now / t_now
 
     def _seq(self, seq) -> _SeqState:

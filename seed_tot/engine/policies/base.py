@@ -170,14 +170,20 @@ class HiddenCapture:
         return capture
 
     def _hook(self, module, args) -> None:
-        self._local.hidden = args[0][0].detach()
+        self._local.hidden = args[0].detach()  # [rows, entries, hidden]
 
-    def take(self) -> torch.Tensor:
+    def take_rows(self) -> torch.Tensor:
+        """[rows, entries, hidden] of the last forward (a batched draft forward: one row per sequence,
+        right-padded; row b's first n_b entries are its own)."""
         hidden = getattr(self._local, "hidden", None)
         if hidden is None:
             raise RuntimeError("no hidden state was captured: the draft forward did not reach its output layer")
         self._local.hidden = None
         return hidden
+
+    def take(self) -> torch.Tensor:
+        """[entries, hidden] of the last single-row forward."""
+        return self.take_rows()[0]
 
     def remove(self) -> None:
         self._handle.remove()

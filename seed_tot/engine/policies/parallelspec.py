@@ -12,7 +12,8 @@ No tree node is fed to the drafter, so `finish` reports no node entries and the 
 keeps just the pending real tokens: the mask entries never stay in the drafter's cache (accepted
 tokens are fed as real tokens at the start of the next round).
 
-Shape: `depth` levels (default and at most k+1, the drafter's reach), width k_config[d] at depth
+Shape: `depth` levels (at most k+1, the drafter's reach; default: the "depth" its drafter.json
+names, else k+1), width k_config[d] at depth
 d+1 and 1 past the end of k_config, so sd (all ones) and the default seed k_config draft a chain of
 k+1; `--k-config 2,2` gives a tree whose first two levels branch.
 """
@@ -34,7 +35,9 @@ class ParallelSpecPolicy(DraftPolicy):
                              "model: pass --draft DIR (Engine.from_pretrained(draft=DIR)) with a directory from "
                              "`seed-tot train-drafter --method parallelspec`")
         self.mask_ids = [drafter.mask_id(j) for j in range(1, n_masks + 1)]
-        self.depth = n_masks + 1 if depth is None else depth
+        if depth is None:  # a drafter directory may name the depth it drafts best at ("depth" in drafter.json)
+            depth = getattr(drafter, "default_depth", None) or n_masks + 1
+        self.depth = depth
         if not 1 <= self.depth <= n_masks + 1:
             raise ValueError(f"draft policy 'parallelspec': depth={depth} must be in 1..{n_masks + 1} "
                              f"(this drafter has k={n_masks} masks)")
