@@ -23,6 +23,7 @@ place of SpecDec++'s fixed threshold h.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -60,10 +61,10 @@ class Costs:
         points = self.target_points
         if len(points) < 2:
             return self.target_fixed_s + self.target_per_token_s * tokens
-        for (n0, t0), (n1, t1) in zip(points, points[1:]):
-            if tokens <= n1 or (n1, t1) == points[-1]:
-                return max(t0 + (t1 - t0) * (tokens - n0) / (n1 - n0), 0.0)
-        raise AssertionError("unreachable")
+        # the segment whose right end is the first measured size >= tokens (the end segments extrapolate)
+        i = min(max(bisect.bisect_left([n for n, _ in points], tokens), 1), len(points) - 1)
+        (n0, t0), (n1, t1) = points[i - 1], points[i]
+        return max(t0 + (t1 - t0) * (tokens - n0) / (n1 - n0), 0.0)
 
     def extra_token(self, tokens: int) -> float:
         """What verifying tokens + 1 instead of `tokens` adds."""
