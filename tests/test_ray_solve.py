@@ -355,3 +355,19 @@ def test_missing_ray_is_one_clear_line(monkeypatch, problems, tmp_path):
 def test_workers_without_ray_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["solve", "gsm8k", "--output", str(tmp_path), "--workers", "2"])
     assert result.exit_code != 0 and "--workers" in result.output and "--ray" in result.output
+
+
+def test_a_sibling_search_failing_because_its_actor_is_exiting_counts_as_a_lost_process_not_a_search_error():
+    from types import SimpleNamespace
+
+    from seed_tot.search.distributed import _shutting_down
+
+    try:
+        try:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        except RuntimeError as inner:
+            raise ValueError("search failed") from inner
+    except ValueError as wrapped:
+        assert _shutting_down(SimpleNamespace(cause=wrapped))
+    assert not _shutting_down(SimpleNamespace(cause=ValueError("bad input on line 3")))
+    assert not _shutting_down(SimpleNamespace(cause=None))

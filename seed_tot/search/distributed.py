@@ -108,6 +108,19 @@ class EngineWorker:
         return solve_example(caller, task, example, settings, algorithm)
 
 
+def _shutting_down(err) -> bool:
+    """Whether a search failed because its actor's process was exiting (a sibling search on the same
+    actor died and took the process down): Python's thread pools then refuse new work with
+    "cannot schedule new futures after shutdown". That is a lost process, not the search's error."""
+    seen, exc = set(), getattr(err, "cause", None)
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and "after shutdown" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def connect_ray(address: str) -> None:
     """Join or start a Ray cluster. "auto": the cluster in RAY_ADDRESS or the last one started on
     this machine, else a new local one; "local": always a new local one; anything else: the address
@@ -239,9 +252,16 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                 try:
                     result = ray.get(ref)
                 except RayTaskError as err:
-                    # the search raised: the original exception (its one-line message), as in one process
-                    raise (err.cause if isinstance(err.cause, Exception) else err) from err
+                    if not _shutting_down(err):
+                        # the search raised: the original exception (its one-line message), as in one process
+                        raise (err.cause if isinstance(err.cause, Exception) else err) from err
+                    lost_err = err  # a sibling search of a dying actor: its executor shut down under it
                 except lost as err:
+                    lost_err = err
+                else:
+                    lost_err = None
+                if lost_err is not None:
+                    err = lost_err
                     if job is None:  # Ray gave up restarting it
                         log.warning("Ray worker %d is gone for good (%s)", worker, _first_line(err))
                         pool.retired.add(worker)
