@@ -7,8 +7,9 @@ The target loads once (default: the embedded SmolLM2-135M-Instruct); each drafte
 engine over that same target: the layer-truncated self-draft ("self", always), and every
 `--drafter NAME=DIR` from `seed-tot train-drafter`. A ParallelSpec drafter runs at each depth
 k+1 for k in --ps-k (one forward drafts k+1 tokens); the others draft a chain of --chain tokens.
-Settings run in turn, each --repeats times after --warmup; the table (stderr) and the JSON hold
-medians, x ar, acceptance, tokens per target forward and draft ms per round (draft busy time
+A drafter with a draft vocabulary (draft_vocab.safetensors) drafts from it; --whole-vocab-too
+adds the same weights over the whole vocabulary as NAME-allvocab. Settings run in turn, each
+--repeats times after --warmup; the table (stderr) and the JSON hold medians, x ar, acceptance, tokens per target forward and draft ms per round (draft busy time
 over verifications: what a drafter costs per round).
 """
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--modes", default="sd,seed", help="drafting modes to run per drafter (ar always runs)")
     ap.add_argument("--ps-k", default="2,3,4,5", help="ParallelSpec mask counts to run (depth k+1)")
     ap.add_argument("--chain", type=int, default=3, help="draft tokens per round of the non-ParallelSpec drafters")
+    ap.add_argument("--whole-vocab-too", action="store_true",
+                    help="also run each drafter that has a draft vocabulary over the whole vocabulary (NAME-allvocab)")
     ap.add_argument("--only", default=None, help="comma-separated drafter names to run (self and the --drafter names)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=0)
@@ -71,6 +74,8 @@ def main() -> None:
         if not path:
             ap.error(f"--drafter {item!r}: expected NAME=DIR")
         drafts[name] = load_drafter(path, base.target, base.target_name)
+        if args.whole_vocab_too and drafts[name].draft_vocab_size:  # the same weights scoring every token
+            drafts[f"{name}-allvocab"] = load_drafter(path, base.target, base.target_name, draft_vocab=False)
     if args.only:
         keep = set(args.only.split(","))
         drafts = {n: d for n, d in drafts.items() if n in keep}

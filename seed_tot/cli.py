@@ -283,7 +283,9 @@ def _register_bench() -> None:
     from seed_tot.bench import bench
     from seed_tot.training.cli import train_head_command
     from seed_tot.training.drafter_cli import train_drafter_command
+    from seed_tot.training.vocab_cli import drafter_vocab_command
     main.add_command(bench)
+    main.add_command(drafter_vocab_command)
     main.add_command(train_head_command)
     main.add_command(train_drafter_command)
 

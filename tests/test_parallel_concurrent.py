@@ -122,11 +122,15 @@ def test_parallel_needs_no_draft_model_and_shares_forwards_with_seed_calls(targe
 
     engine = Engine(target, noisy_copy(target, 0.005))
 
+    # the seed call runs three times as long, so the parallel call's steps fall inside it however the
+    # threads are scheduled (with equal budgets the seed call could finish its few rounds first)
+    long = SamplingParams(max_new_tokens=3 * MAX_NEW, temperature=0)
+
     async def run():
-        return await asyncio.gather(engine.agenerate(CALLS[0], params, mode="seed", verify_batch=None),
+        return await asyncio.gather(engine.agenerate(CALLS[0], long, mode="seed", verify_batch=None),
                                     engine.agenerate(CALLS[1], params, mode="parallel"))
 
     seed, parallel = asyncio.run(run())
-    for prompts, out in ((CALLS[0], seed), (CALLS[1], parallel)):
-        assert _tokens(out) == [reference_greedy(target, p, MAX_NEW) for p in prompts]
+    for prompts, out, budget in ((CALLS[0], seed, 3 * MAX_NEW), (CALLS[1], parallel, MAX_NEW)):
+        assert _tokens(out) == [reference_greedy(target, p, budget) for p in prompts]
     assert max(_verify_batches(parallel)) > len(CALLS[1])

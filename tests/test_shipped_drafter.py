@@ -92,6 +92,7 @@ def _embedded_installed() -> bool:
 def test_the_embedded_default_loads_its_shipped_drafter_and_matches_the_target_alone():
     engine = Engine.from_pretrained(device="cpu")
     assert isinstance(engine.draft, ParallelDrafter) and engine.draft_name.startswith("shipped:")
+    assert engine.draft.draft_vocab_size == read_config(shipped_drafter_for(engine.target))["draft_vocab"]["size"]
     prompt = engine.encode([engine.render_prompt("What is 12 times 7? Answer briefly.")])[0]
     params = SamplingParams(max_new_tokens=16, temperature=0)
     result = engine.generate([prompt], params, mode="sd")[0]

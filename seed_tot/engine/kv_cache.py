@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from . import row_attention
 from .masks import AttentionLayout, build_attention_mask, tree_visibility
+from .query_padding import padded_rows
 from .row_storage import RowCache, RowLayer
 
 
@@ -69,7 +70,12 @@ class KVCache:
         if self.cache.forked and row_attention.install(model):  # read the shared prefix in place
             logits = forward_batch(model, [self], [tokens], [parents], what="a forked cache")[0]
             return logits[-logits_to_keep:] if logits_to_keep else logits
-        n_old = len(self.parents)
+        n_old, n = len(self.parents), len(tokens)
+        pad = padded_rows(model, n) - n
+        if pad:  # a chain off the last real entry, dropped below: no real entry attends to it (query_padding.py)
+            tokens = list(tokens) + [tokens[-1]] * pad
+            parents = list(parents) + [n_old + n - 1 + i for i in range(pad)]
+            logits_to_keep = logits_to_keep + pad if logits_to_keep else 0
         all_parents = self.parents + list(parents)
         device = model.device
         mask = None
@@ -84,7 +90,11 @@ class KVCache:
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, past_key_values=self.cache, use_cache=True, **keep)
         self.parents = all_parents
-        return out.logits[0]
+        if not pad:
+            return out.logits[0]
+        self.keep_entries(list(range(len(all_parents) - pad)))  # only the length moves: nothing is copied
+        self.parents = all_parents[:-pad]
+        return out.logits[0, :-pad]
 
     def commit(self, keep: list[int]) -> None:
         """Keep the uncommitted entries `keep` (a root-to-leaf chain, in order), drop the rest."""
@@ -126,6 +136,8 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     device, dtype = model.device, model.dtype
     windows = row_attention.layer_windows(model, layout)
     n_query = max(len(t) for t in tokens)
+    # more padding queries where the hardware runs more rows cheaper (query_padding.py); they never reach storage
+    n_query = max(n_query, -(-padded_rows(model, len(caches) * n_query) // len(caches)))
     input_ids = torch.zeros(len(caches), n_query, dtype=torch.long)
     query_pos = torch.zeros(len(caches), n_query, dtype=torch.long)
     masks = []

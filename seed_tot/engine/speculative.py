@@ -49,9 +49,11 @@ def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], par
     rnd = policy.begin(seq, params, vocab_size)
     feed = rnd.first_feed()
     while feed is not None:
-        logits = kv.forward(model, feed.tokens, feed.parents)
+        logits = kv.forward(model, feed.tokens, feed.parents, logits_to_keep=feed.keep)
         seq.stats.draft_forwards += 1
-        feed = rnd.step(logits, policy.capture.take() if rnd.needs_hidden else None)
+        # the capture holds what reached the head: feed.keep entries (all when 0), then any row padding
+        hidden = policy.capture.take()[: feed.keep or len(feed.tokens)] if rnd.needs_hidden else None
+        feed = rnd.step(logits, hidden)
     tree, node_entry = rnd.finish()
     seq.stats.drafted += len(tree)
     seq.stats.draft_depth += tree.depth()

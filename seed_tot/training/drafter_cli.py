@@ -9,6 +9,7 @@ import click
 
 log = logging.getLogger(__name__)
 DATA_FILE = "data.safetensors"
+DEFAULT_VOCAB = 8192
 
 
 def _task_list(ctx, param, value) -> tuple[str, ...]:
@@ -49,9 +50,12 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
+@click.option("--draft-vocab", "vocab_size", type=click.IntRange(min=0), default=DEFAULT_VOCAB, show_default=True,
+              help="Draft only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
-                          max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype, seed):
+                          max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype,
+                          vocab_size, seed):
     """Generate the target's responses to the project's own prompts, train the drafter on them (progress
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
     import time
@@ -64,8 +68,11 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     from seed_tot.engine.drafters import ParallelDrafter, save_drafter
     from seed_tot.tasks.loading import load_records
 
+    from seed_tot.engine.drafters.draft_vocab import coverage, frequent_tokens
+
     from .drafter_data import generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
+    from .vocab_cli import special_ids
 
     if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
         raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
@@ -107,6 +114,12 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
         result = train_drafter(drafter, samples, steps, out, batch=batch, lr=lr, max_groups=max_groups, seed=seed,
                                progress=progress)
     train_s = time.perf_counter() - train_start
+    vocab_record = None
+    if vocab_size:  # from what the target wrote: exactly the tokens a drafter has to propose
+        responses = [s.tokens[s.start:] for s in samples]
+        ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
+        drafter.set_draft_vocab(ids)
+        vocab_record = {"source": "the target's responses in the training data", "coverage": round(coverage(ids, responses), 4)}
     # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
     tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer), [p[-context:] for p in held_prompts], k + 1,
                       min(max_new_tokens, 64))
@@ -114,19 +127,28 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
                 "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
                 "samples": len(samples), "response_tokens": response_tokens,
                 "generate_minutes": gen_s / 60, "train_minutes": train_s / 60}
-    save_drafter(drafter, out, engine.target, engine.target_name, training)
+    save_drafter(drafter, out, engine.target, engine.target_name, training, vocab_record)
     command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
                f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
-               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--seed {seed}", f"--out {out}"]
+               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}",
+               f"--seed {seed}", f"--out {out}"]
     if target:
         command.insert(2, f"--target {target}")
-    (out / "MODEL_CARD.md").write_text(model_card(method, k, layers, training, " ".join(command)), encoding="utf-8")
+    (out / "MODEL_CARD.md").write_text(model_card(method, k, layers, training, " ".join(command), vocab_record and {"size": drafter.draft_vocab_size, **vocab_record}), encoding="utf-8")
     click.echo(json.dumps({"drafter": str(out), "method": method, "k": drafter.n_masks, "layers": layers,
                            "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau,
                            "weights_mb": (out / "drafter.safetensors").stat().st_size / 2**20}, indent=2))
 
 
-def model_card(method: str, k: int, layers: int, training: dict, command: str) -> str:
+def vocab_line(vocab: dict | None) -> str:
+    if not vocab:
+        return "- **Draft vocabulary**: the whole vocabulary.\n"
+    return (f"- **Draft vocabulary**: the {vocab['size']} most frequent tokens of {vocab['source']} "
+            f"(they cover {vocab['coverage']:.1%} of it; draft_vocab.safetensors): the drafter's LM head scores only "
+            f"these, the target still verifies over all tokens.\n")
+
+
+def model_card(method: str, k: int, layers: int, training: dict, command: str, vocab: dict | None = None) -> str:
     """A short model card from the training record: what the drafter is, its data, cost and tau."""
     held = training["heldout"]
     accuracy = ", ".join(f"{a:.2f}" for a in training["final_accuracy"])
@@ -135,6 +157,6 @@ def model_card(method: str, k: int, layers: int, training: dict, command: str) -
 - **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
 - **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['max_examples']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens, the last {training['heldout']['prompts']} prompts held out.
 - **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
-- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.
+{vocab_line(vocab)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.
 - **Reproduce**: `{command}`
 """

@@ -73,7 +73,7 @@ def group_batch(drafter, tokens: list[int], anchors: list[int]) -> GroupBatch:
 def group_logits(drafter, batch: GroupBatch) -> torch.Tensor:
     """[G, k+1, V] logits of every group element (the training forward)."""
     hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
-    return drafter.get_output_embeddings()(hidden[0, batch.rows.to(hidden.device)])
+    return drafter.full_head(hidden[0, batch.rows.to(hidden.device)])
 
 
 def anchors_of(sample: Sample, max_groups: int | None, generator: torch.Generator) -> list[int]:
@@ -105,7 +105,7 @@ def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torc
     # only labelled rows go through the (large) LM head
     hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
     picked = hidden[0, batch.rows[valid].to(hidden.device)]
-    logits = drafter.get_output_embeddings()(picked).float()
+    logits = drafter.full_head(picked).float()
     labels = batch.labels[valid].to(logits.device)
     loss = F.cross_entropy(logits, labels, reduction="sum")
     hits = (logits.argmax(-1) == labels).cpu()

@@ -74,6 +74,7 @@ class ParallelDrafter(nn.Module):
         self.mask_embeddings = nn.Parameter(init.to(embed.weight.dtype))
         # shared with the target, deliberately not registered as submodules (not saved, not trained, no copy)
         self.__dict__["shared"] = (embed, head)
+        self.__dict__["trimmed_head"] = None  # set_draft_vocab: score only a frequent subset (draft_vocab.py)
 
     # ---------------------------------------------------------------- what the engine reads
     @property
@@ -93,7 +94,24 @@ class ParallelDrafter(nn.Module):
         return self.shared[0]
 
     def get_output_embeddings(self) -> nn.Module:
+        """The head the forward runs: the target's, or its rows for the draft vocabulary."""
+        return self.trimmed_head if self.trimmed_head is not None else self.shared[1]
+
+    @property
+    def full_head(self) -> nn.Module:
+        """The target's whole LM head (what training scores against, whatever the draft vocabulary)."""
         return self.shared[1]
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return None if self.trimmed_head is None else int(self.trimmed_head.token_ids.numel())
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft only `token_ids` (None: the whole vocabulary). Set it before the engine first drafts:
+        a HiddenCapture hooks the head that is current when it is made."""
+        from .draft_vocab import TrimmedHead
+
+        self.__dict__["trimmed_head"] = None if token_ids is None else TrimmedHead(self.shared[1], token_ids)
 
     def mask_id(self, j: int) -> int:
         """The input id of MASK_j (1 <= j <= n_masks)."""
@@ -122,4 +140,4 @@ class ParallelDrafter(nn.Module):
         hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache)
         if logits_to_keep:  # as transformers' causal LMs: the head runs on the last positions only
             hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=self.shared[1](hidden), past_key_values=cache)
+        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(hidden), past_key_values=cache)

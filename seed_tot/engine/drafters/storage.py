@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .draft_vocab import VOCAB_FILE, load_vocab, save_vocab
 from .parallelspec import METHODS, ParallelDrafter
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,10 @@ def shipped_drafter_for(target) -> Path | None:
     return None
 
 
-def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, training: dict | None = None) -> Path:
+def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, training: dict | None = None,
+                 draft_vocab: dict | None = None) -> Path:
+    """Weights + config; with a draft vocabulary set on `drafter`, also DIR/draft_vocab.safetensors
+    (`draft_vocab`: how it was made, recorded in the config)."""
     from safetensors.torch import save_file
 
     out = Path(directory)
@@ -91,6 +95,11 @@ def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, 
     save_file({k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}, str(out / WEIGHTS))
     config = {"method": drafter.method, "k": drafter.n_masks, "layers": drafter.n_layers,
               "target": target_name, "target_fingerprint": target_fingerprint(target), "training": training or {}}
+    if drafter.trimmed_head is not None:
+        save_vocab(out, drafter.trimmed_head.token_ids)
+        config["draft_vocab"] = {"size": drafter.draft_vocab_size, **(draft_vocab or {})}
+    else:
+        (out / VOCAB_FILE).unlink(missing_ok=True)
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return out
 
@@ -117,8 +126,10 @@ def read_config(directory) -> dict:
     return config
 
 
-def load_drafter(directory, target, target_name: str) -> ParallelDrafter:
-    """The drafter in `directory`, attached to `target` (whose embeddings and head it shares)."""
+def load_drafter(directory, target, target_name: str, draft_vocab: bool = True) -> ParallelDrafter:
+    """The drafter in `directory`, attached to `target` (whose embeddings and head it shares).
+    With `draft_vocab` (default) and a DIR/draft_vocab.safetensors, it drafts from that vocabulary
+    only (draft_vocab.py); False scores the whole vocabulary."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -142,4 +153,11 @@ def load_drafter(directory, target, target_name: str) -> ParallelDrafter:
     if depth is not None and not (isinstance(depth, int) and 1 <= depth <= config["k"] + 1):
         raise ValueError(f"{root / CONFIG}: depth={depth!r} must be an integer in 1..k+1={config['k'] + 1}")
     drafter.default_depth = depth
-    return drafter.to(target.device).eval()
+    drafter = drafter.to(target.device).eval()
+    ids = load_vocab(root) if draft_vocab else None
+    if ids is not None:
+        try:
+            drafter.set_draft_vocab(ids)
+        except ValueError as err:
+            raise ValueError(f"{root / VOCAB_FILE}: {err}") from None
+    return drafter

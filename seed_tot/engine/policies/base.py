@@ -32,6 +32,7 @@ class Feed:
 
     tokens: list[int]
     parents: list[int]
+    keep: int = 0  # only the last `keep` entries' logits are read (0: all); a batched forward may return all
 
 
 class DraftRound:

@@ -56,20 +56,19 @@ class ParallelSpecRound(DraftRound):
         self.b = builder
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
-        self.n_pending = 0
 
     def first_feed(self) -> Feed:
         feed = self.b.pending_feed()
-        self.n_pending = len(feed.tokens)
         # the masks continue the chain after the last pending token, at the positions of the tokens they predict
         first = self.b.next_entry
         parents = ([self.b.root_entry] + [first + j for j in range(len(self.mask_ids) - 1)]) if self.mask_ids else []
         self.b.next_entry += len(self.mask_ids)
-        return Feed(feed.tokens + self.mask_ids, feed.parents + parents)
+        # only q_1.. are read: the LM head (most of a small drafter's forward) skips the earlier pending tokens
+        return Feed(feed.tokens + self.mask_ids, feed.parents + parents, keep=len(self.widths))
 
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
         b, params = self.b, self.b.params
-        rows = logits[self.n_pending - 1:]  # q_1 (after the last real token), then q_2.. (after each mask)
+        rows = logits[-len(self.widths):]  # q_1 (after the last real token), then q_2.. (after each mask)
         level = [-1]
         for depth, width in enumerate(self.widths):
             if params.greedy:  # deterministic candidates: q_t's top tokens

@@ -1,0 +1,100 @@
+"""How many query rows a forward should carry, measured on the running hardware.
+
+A forward over n new entries runs every linear layer as an [n, d] x [d, d'] product, and what that
+costs for small n is up to the BLAS. On the 2-core AVX-512 CPU this project measures on (torch
+2.13, MKL 2024.2), 2 and 3 rows cost 2x and 3x one row (a matrix-vector pass per row: 9.7 ms for 3
+rows of Qwen2.5-1.5B's MLP projection) while 4 rows cost 1.8x (5.3 ms); a verification of a
+2-token draft paid three weight passes where four rows need under two. Issue 10's table, taken on
+another CPU, showed no such step, so nothing is assumed: once per model, `padded_rows` times one of
+the model's large products (`_probe_layer`) for 1..MAX_ROWS rows and maps each n to the cheapest m >= n.
+
+`KVCache.forward` and `forward_batch` then add m - n padding entries after the real ones and drop
+them before anything reads the cache, so no real entry ever attends to one: output is unchanged.
+GPUs (and small models, where the product is too cheap to matter) are never padded.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 8  # beyond this every BLAS is in its matrix-matrix regime
+MIN_PARAMS = 1_000_000  # smaller products cost microseconds: timing them is noise
+MAX_PROBE_PARAMS = 64_000_000  # a larger product takes too long to time 8 x 6 times at load
+GAIN = 0.85  # pad only when the padded product costs at most this share of the unpadded one
+NEAR = 1.1
+_lock = threading.Lock()
+
+
+def padded_rows(model, n: int) -> int:
+    """The row count to run a forward of `n` new entries at (>= n)."""
+    if n >= MAX_ROWS or n < 1:
+        return n
+    table = model.__dict__.get("_seed_tot_row_padding")
+    if table is None:
+        with _lock:
+            table = model.__dict__.get("_seed_tot_row_padding")
+            if table is None:
+                table = measure_padding(model)
+                model.__dict__["_seed_tot_row_padding"] = table
+    return table.get(n, n)
+
+
+def set_padding(model, table: dict[int, int]) -> None:
+    """Fix the padding of `model` instead of measuring it (tests; a caller that knows its hardware)."""
+    for n, m in table.items():
+        if not 1 <= n <= m:
+            raise ValueError(f"row padding {n} -> {m}: a forward can only be padded up")
+    model.__dict__["_seed_tot_row_padding"] = dict(table)
+
+
+def _probe_layer(model) -> nn.Linear | None:
+    """The largest linear layer that is quick to time: a small model's LM head (SmolLM2's is most of
+    its forward), a large model's biggest hidden projection."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.numel() <= MAX_PROBE_PARAMS]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Linear) and head.weight.numel() <= MAX_PROBE_PARAMS and head not in layers:
+        layers.append(head)  # a tied or shared head need not be among the model's own modules
+    return max(layers, key=lambda m: m.weight.numel(), default=None)
+
+
+@torch.inference_mode()
+def measure_padding(model, repeats: int = 7) -> dict[int, int]:
+    """{n: m} for the n that run cheaper padded to m rows (empty: never pad)."""
+    layer = _probe_layer(model)
+    if layer is None or layer.weight.device.type != "cpu" or layer.weight.numel() < MIN_PARAMS:
+        return {}
+    cost = {}
+    for rows in range(1, MAX_ROWS + 1):
+        x = torch.randn(1, rows, layer.in_features, dtype=layer.weight.dtype)
+        layer(x)  # warm-up: first-call allocations
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            layer(x)
+            times.append(time.perf_counter() - start)
+        cost[rows] = min(times)  # the kernel's own cost; slower repeats are the machine's noise
+    table = choose_padding(cost)
+    log.info("query rows for %s (%s x %s linear, ms per 1..%d rows: %s): pad %s", type(model).__name__,
+             layer.out_features, layer.in_features, MAX_ROWS, " ".join(f"{cost[m] * 1e3:.2f}" for m in cost),
+             ", ".join(f"{n}->{m}" for n, m in table.items()) or "nothing")
+    return table
+
+
+def choose_padding(cost: dict[int, float]) -> dict[int, int]:
+    """{n: m} from measured costs per row count 1..MAX_ROWS: pad n to the fewest rows m >= n that cost
+    within NEAR of the cheapest, where that saves at least 1 - GAIN of n's cost."""
+    top = max(cost)
+    table = {}
+    for n in range(1, top):
+        cheapest = min(cost[m] for m in range(n, top + 1))
+        # the fewest rows within NEAR of the cheapest: timings of equal kernels differ by noise
+        best = next(m for m in range(n, top + 1) if cost[m] <= NEAR * cheapest)
+        if best != n and cost[best] <= GAIN * cost[n]:
+            table[n] = best
+    return table
