@@ -27,7 +27,7 @@ MAX_ROWS = 8  # beyond this every BLAS is in its matrix-matrix regime
 MIN_PARAMS = 1_000_000  # smaller products cost microseconds: timing them is noise
 MAX_PROBE_PARAMS = 64_000_000  # a larger product takes too long to time 8 x 6 times at load
 GAIN = 0.85  # pad only when the padded product costs at most this share of the unpadded one
-NEAR = 1.1
+NEAR = 1.25  # fewer rows unless many more are clearly cheaper: attention and the rest grow with rows too
 _lock = threading.Lock()
 
 
