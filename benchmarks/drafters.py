@@ -109,8 +109,8 @@ def main() -> None:
                                f"draft fwd/token {r['draft_forwards_per_token']:.2f}" for r in rows if r["mode"] != "ar")
                      + "\n")
     if args.json:
-        payload = {"workload": args.workload, "description": description, "temperature": args.temperature,
-                   "top_k": args.top_k, "target": base.target_name, "repeats": args.repeats, "warmup": args.warmup,
+        payload = {"command": " ".join(["python"] + sys.argv), "workload": args.workload, "description": description,
+                   "temperature": args.temperature, "top_k": args.top_k, "target": base.target_name, "repeats": args.repeats, "warmup": args.warmup,
                    "rows": rows}
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 

@@ -32,9 +32,8 @@ _lock = threading.Lock()
 
 
 def padded_rows(model, n: int) -> int:
-    """The row count to run a forward of `n` new entries at (>= n)."""
-    if n >= MAX_ROWS or n < 1:
-        return n
+    """The row count to run a forward of `n` new entries at (>= n). The first call measures, whatever
+    its n: that is a model's first forward (a prefill, before any draft worker runs beside it)."""
     table = model.__dict__.get("_seed_tot_row_padding")
     if table is None:
         with _lock:
