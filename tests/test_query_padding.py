@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import noisy_copy, reference_greedy, tiny_model
-from test_sampling_lossless import PROMPT, SAMPLES, SETTINGS, exact_distribution, pair, tv, tv_bound  # noqa: F401
+from test_sampling_lossless import SAMPLES, pair, sample_through_engine, tv, tv_bound  # noqa: F401 (pair: a fixture)
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.policies.base import HiddenCapture
@@ -119,9 +119,7 @@ def test_sampled_output_with_padded_forwards_follows_the_target_distribution(pai
     set_padding(target, PAD_ALL)
     set_padding(draft, PAD_ALL)
     try:
-        params = SETTINGS["top_k"]
-        exact = exact_distribution(target, params)
-        results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode="sd", k_config=(1, 1))
+        results, exact = sample_through_engine(target, draft, "top_k", "sd", (1, 1))
         assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
     finally:  # `pair` is shared with the other lossless tests
         set_padding(target, {})

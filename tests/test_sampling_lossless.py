@@ -64,6 +64,18 @@ SETTINGS = {
 }
 
 
+def sample_through_engine(target, draft, setting: str, mode: str, k_config, batch: int | None = 1):
+    """SAMPLES continuations of PROMPT through the engine (8 workers; `batch`: draft_batch and verify_batch),
+    and the exact distribution they must follow. Asserts drafts were both accepted and rejected, so that
+    an unfaithful verifier would show in the distribution."""
+    params = SETTINGS[setting]
+    results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode=mode, k_config=k_config, n_workers=8,
+                                              draft_batch=batch, verify_batch=batch)
+    stats = [r.stats for r in results]
+    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
+    return results, exact_distribution(target, params)
+
+
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_model("llama", seed=21, vocab=VOCAB)
@@ -81,11 +93,8 @@ def test_sampled_continuations_follow_the_target_distribution(pair, setting, mod
     bound = tv_bound(exact, SAMPLES)
     assert tv(Counter({s: p * SAMPLES for s, p in draft_exact.items()}), exact, SAMPLES) > bound, \
         "draft too close to the target for this test to detect a lossy verifier"
-    results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode=mode, k_config=k_config, n_workers=8)
-    counts = Counter(tuple(r.token_ids) for r in results)
-    stats = [r.stats for r in results]
-    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
-    assert tv(counts, exact, SAMPLES) < bound
+    results, _ = sample_through_engine(target, draft, setting, mode, k_config)
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < bound
 
 
 @pytest.mark.parametrize("without_replacement", [True, False])
