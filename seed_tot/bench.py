@@ -10,20 +10,24 @@ Workloads
                          whole ToT solves of --limit problems (blocksworld without --data uses its
                          built-in generator; the other two need --data, the Hub is not used)
 
-Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][+POLICY[:KEY=VALUE...]]
+Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][@cN][+POLICY[:KEY=VALUE...]]
   MODE    ar, parallel, sd, mcsd or seed
   :K-K-K  this mode's draft-tree shape (default --k-config), e.g. mcsd:2-2-1, seed:2-2-1
   @wN     SEED draft workers running at once (default --n-workers)
   @vbM    SEED drafts verified per target forward (default --verify-batch; M=all: every queued draft)
   @dbM    SEED ready workers drafted per draft forward (default --draft-batch; M=all: every ready one)
+  @cN     tot-gsm8k/-creative-writing/-blocksworld: problems searched at once (default --concurrency),
+          so one run can compare e.g. parallel,parallel@c4
   +POLICY the draft policy (fixed, opt-tree, specdec, auto, parallelspec) with its options,
           e.g. sd+auto, seed+opt-tree:n=8:delta=0.2, sd+specdec:h=0.5:head=DIR
   e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball,seed+opt-tree:n=8
 
-Each mode gets one warm-up run, then --repeats timed runs. Speedups are ratios of medians taken
-in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
+Each mode gets its warm-up runs, then the timed runs go in rounds: every mode once per round,
+--repeats rounds, so a machine whose speed drifts during the run slows every mode alike. Speedups
+are ratios of medians taken in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
 sample at 1.0), because under greedy decoding every mode must reproduce ar's tokens (thoughts) or
-predictions (tot-*), and the table says whether it did.
+predictions (tot-*), and the table says whether it did (against parallel, greedy batched AR,
+where ar is not in the run).
 
 --synthetic PRESET swaps the models for random ones of real shapes whose draft agrees with the
 target at rate --alpha (seed_tot.engine.synthetic): real compute, forced acceptance. The output
@@ -55,7 +59,7 @@ from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
-_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)))*)"
+_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+))*)"
                    r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
 BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
@@ -71,6 +75,7 @@ class ModeSpec:
     draft_batch: int | None = 1  # None: every ready worker
     draft_policy: str | None = None  # None: the engine's default
     policy_options: tuple[tuple[str, str], ...] = ()
+    concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
@@ -91,10 +96,13 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
         if not m or m["mode"] not in MODES:
-            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][+POLICY[:KEY=VALUE...]] with "
+            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][@cN][+POLICY[:KEY=VALUE...]] with "
                                      f"MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
-        opts = dict(re.findall(r"@(w|vb|db)(\d+|all)", m["opts"]))
+        opts = dict(re.findall(r"@(w|vb|db|c)(\d+|all)", m["opts"]))
+        concurrency = int(opts.pop("c")) if "c" in opts else None
+        if concurrency is not None and concurrency <= 0:
+            raise click.BadParameter(f"{label!r}: @c needs at least one problem at once", param_hint="--modes")
         from seed_tot.engine.policies import POLICIES
         if m["policy"] and (m["mode"] not in DRAFTING_MODES or m["policy"] not in POLICIES):
             raise click.BadParameter(f"{label!r}: +{m['policy']} needs a drafting mode ({', '.join(DRAFTING_MODES)}) "
@@ -113,7 +121,8 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
         specs.append(ModeSpec(label, m["mode"], k, int(opts["w"]) if "w" in opts else n_workers,
                               _batch(opts["vb"]) if "vb" in opts else verify_batch,
                               _batch(opts["db"]) if "db" in opts else draft_batch, m["policy"],
-                              tuple(tuple(kv.split("=", 1)) for kv in (m["popts"] or "").split(":") if kv)))
+                              tuple(tuple(kv.split("=", 1)) for kv in (m["popts"] or "").split(":") if kv),
+                              concurrency))
     return specs
 
 
@@ -216,12 +225,13 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
                             verify_batch=spec.verify_batch, draft_batch=spec.draft_batch,
                             draft_policy=spec.draft_policy, policy_options=dict(spec.policy_options) or None)
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
-        solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=concurrency)
+        solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=spec.concurrency or concurrency)
         lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
         by_id = {r["id"]: r["prediction"] for r in (json.loads(line) for line in lines if line.strip())}
         return [by_id[ex.id] for ex in examples]  # data order: concurrent runs write in finishing order
 
-    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s) ({concurrency} at once), "
+    at_once = f"{concurrency} at once unless a mode's @c says otherwise"
+    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s) ({at_once}), "
                  f"depth {settings.search.depth}, "
                  f"n_generate {settings.search.n_generate}, breadth {settings.search.breadth}, "
                  f"max_new_tokens {settings.search.max_new_tokens}")
@@ -266,32 +276,37 @@ class ModeReport:
 
 def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
                 warmup: int = 1) -> list[ModeReport]:
+    """Warm every mode up, then time `repeats` rounds of every mode once each.
+
+    Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
+    last would otherwise carry the drift into every ratio (seen here: ~30% within a session)."""
     device = engine.target.device
-    reports = []
+    reports = [ModeReport(spec) for spec in specs]
     for spec in specs:
-        report = ModeReport(spec)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        click.echo(f"{spec.label}: {warmup} warm-up + {repeats} run(s)", err=True)
+        click.echo(f"{spec.label}: {warmup} warm-up run(s)", err=True)
         for _ in range(warmup):
             _run_once(engine, workload, spec, 0)  # warm-up: kernels, allocator, caches; not timed
-        timed = recorder.wrap(engine, label=spec.label) if recorder else engine
-        for i in range(1, repeats + 1):
-            if recorder:
-                with recorder.section(f"{spec.label} run {i}"):
-                    report.runs.append(_run_once(timed, workload, spec, i))
-            else:
-                report.runs.append(_run_once(timed, workload, spec, i))
-        if device.type == "cuda":
-            report.peak_memory_mib = torch.cuda.max_memory_allocated(device) / 2**20
-        else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
-            report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        reports.append(report)
+    timed = [recorder.wrap(engine, label=spec.label) if recorder else engine for spec in specs]
+    for i in range(1, repeats + 1):
+        click.echo(f"round {i} of {repeats}: {', '.join(spec.label for spec in specs)}", err=True)
+        for report, eng in zip(reports, timed):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            with (recorder.section(f"{report.spec.label} run {i}") if recorder else contextlib.nullcontext()):
+                report.runs.append(_run_once(eng, workload, report.spec, i))
+            if device.type == "cuda":
+                report.peak_memory_mib = max(report.peak_memory_mib, torch.cuda.max_memory_allocated(device) / 2**20)
+            else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
+                report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return reports
 
 
-def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict | None, tot: bool) -> list[dict]:
+def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict | None, tot: bool,
+                      problems: int | None = None) -> list[dict]:
+    """One row per mode. Greedy outputs are checked against ar's, or where ar is not in the run
+    against parallel's (greedy batched AR, which the tests prove token-identical to ar)."""
     ref = {m: next((r for r in reports if r.spec.mode == m), None) for m in ("ar", "parallel")}
+    reference = "ar" if ref["ar"] else "parallel"
     rows = []
     for r in reports:
         total = r.totals()
@@ -312,7 +327,10 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
         if r.spec.mode in DRAFTING_MODES and synthetic:
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
-        row["matches_ar"] = _matches(r, ref["ar"], greedy, tot)
+        if problems:
+            row["problems_per_hour"] = problems * 3600 / r.median if r.median > 0 else None
+        row["matches_reference"] = reference
+        row["matches_ar"] = _matches(r, ref[reference], greedy, tot)
         rows.append(row)
     return rows
 
@@ -339,8 +357,11 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | None) -> str:
-    match_header = "predictions == ar" if tot else "tokens == ar"
-    headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", "tokens/s", "acceptance",
+    reference = rows[0].get("matches_reference", "ar") if rows else "ar"
+    match_header = f"predictions == {reference}" if tot else f"tokens == {reference}"
+    per_hour = any("problems_per_hour" in row for row in rows)
+    headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", *(["problems/h"] if per_hour else []),
+               "tokens/s", "acceptance",
                "tokens/target fwd", "rows/target fwd", "target busy", "cache share", "peak MiB", match_header]
     body = []
     for row in rows:
@@ -348,10 +369,12 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
         if "oracle_expected_acceptance" in row:
             accept += f" (oracle {row['oracle_expected_acceptance']:.3f})"
         matches = row["matches_ar"]
-        match = ("ref" if row["mode"] == "ar" and matches else "yes" if matches
-                 else "n/a (sampling)" if not greedy else "n/a (no ar)" if matches is None else "NO")
+        match = ("n/a (sampling)" if not greedy else "n/a (no ar or parallel)" if matches is None
+                 else "NO" if not matches else "ref" if row is _first(rows, reference) else "yes")
+        rate = [f"{row['problems_per_hour']:.1f}" if row.get("problems_per_hour") else "-"] if per_hour else []
         body.append([row["label"], f"{row['wall_median_s']:.3f} [{row['wall_min_s']:.3f}-{row['wall_max_s']:.3f}]",
-                     _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), f"{row['tokens_per_s']:.1f}",
+                     _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), *rate,
+                     f"{row['tokens_per_s']:.1f}",
                      accept, f"{row['tokens_per_target_forward']:.2f}", f"{row['rows_per_target_forward']:.2f}",
                      f"{row['target_busy_fraction']:.0%}", f"{row['cache_share']:.1%}",
                      f"{row['peak_memory_mib']:.0f}", match])
@@ -362,6 +385,10 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
         lines.append(f"SYNTHETIC (preset {synthetic['preset']}, alpha {synthetic['alpha']:g}): "
                      "not a measurement of real models' outputs")
     return "\n".join(lines)
+
+
+def _first(rows: list[dict], mode: str) -> dict | None:
+    return next((row for row in rows if row["mode"] == mode), None)
 
 
 def _ratio(x: float | None) -> str:
@@ -412,6 +439,11 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
           synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
+    with_c = [s.label for s in specs if s.concurrency is not None]
+    if with_c and not (workload.startswith("tot-") and workload != "tot-step"):
+        raise click.BadParameter(f"{', '.join(with_c)}: @c (problems at once) applies to whole ToT solves "
+                                 f"(tot-gsm8k, tot-creative-writing, tot-blocksworld), not {workload}",
+                                 param_hint="--modes")
     if synthetic and (target or draft):
         raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
     if synthetic:
@@ -440,7 +472,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         finally:
             if recorder:
                 click.echo(f"trace written to {recorder.finish()}", err=True)
-    rows = summarize_reports(reports, greedy, synth, tot)
+    rows = summarize_reports(reports, greedy, synth, tot, limit if tot else None)
     env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
     title = (f"{'SYNTHETIC ' if synthetic else ''}bench {workload}: {description}; "
              f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after {warmup} warm-up")

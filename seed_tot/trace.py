@@ -281,7 +281,7 @@ class TraceRecorder:
         axes = fig.subplots(len(labels), 1, squeeze=False)[:, 0]
         gpu = bool(self.sampler.samples)
         for ax, label in zip(axes, labels):
-            calls = [c for c in self.calls if c.label == label]
+            calls = _first_stretch(self.calls, label)
             origin, stop = calls[0].start, max(c.end for c in calls)
             if gpu:
                 pts = [(t - origin, u) for t, u, _ in self.sampler.samples if origin <= t <= stop]
@@ -295,9 +295,22 @@ class TraceRecorder:
             mean = sum(ys) / len(ys) if ys else 0.0
             ax.set_title(f"{label}: mean {mean:.0f}% over {stop - origin:.2f} s", fontsize=9)
             ax.set_ylim(0, 105)
-        axes[-1].set_xlabel("time since the mode's first call (s)")
+        axes[-1].set_xlabel("time since the mode's first call (s); each panel: the mode's first stretch of calls")
         fig.suptitle(f"{self.name}: " + (f"GPU utilization ({self.sampler.device_name})" if gpu else NO_GPU_LABEL))
         fig.savefig(path, dpi=110)
+
+
+def _first_stretch(calls: list[_Call], label: str) -> list[_Call]:
+    """The label's calls up to the first call of another label after them: bench times its modes
+    in rounds, so a mode's later runs sit between other modes' and a panel spanning them all would
+    show the other modes' GPU samples."""
+    out: list[_Call] = []
+    for call in calls:
+        if call.label == label:
+            out.append(call)
+        elif out:
+            break
+    return out
 
 
 def _event_offset(call: _Call, clock_origin: float) -> float:

@@ -241,3 +241,49 @@ def test_bench_runs_policies_from_the_mode_spec_and_they_match_ar(tmp_path):
     _bench("--modes", "ar,sd+auto,seed+opt-tree:n=4", "--max-new-tokens", "6", "--repeats", "1", "--warmup", "0",
            "--json", str(out))
     assert all(m["matches_ar"] for m in json.loads(out.read_text())["modes"])
+
+
+def test_timed_runs_go_in_rounds_so_drift_hits_every_mode_alike(tmp_path):
+    _bench("--modes", "ar,sd", "--max-new-tokens", "3", "--repeats", "2", "--warmup", "0", "--trace", str(tmp_path))
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    sections = [e["name"] for e in sorted((e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 1),
+                                          key=lambda e: e["ts"])]
+    assert sections == ["ar run 1", "sd run 1", "ar run 2", "sd run 2"]
+
+
+def test_first_stretch_keeps_a_panel_to_one_run_of_its_mode():
+    from seed_tot.trace import _first_stretch
+
+    class Call:
+        def __init__(self, label):
+            self.label = label
+
+    calls = [Call(x) for x in ("ar", "ar", "sd", "ar", "sd", "sd")]
+    assert [id(c) for c in _first_stretch(calls, "ar")] == [id(calls[0]), id(calls[1])]
+    assert [id(c) for c in _first_stretch(calls, "sd")] == [id(calls[2])]
+
+
+def test_concurrency_suffix_is_per_mode_and_only_for_whole_solves():
+    specs = parse_modes("parallel,parallel@c4,seed@dball@vball@c3", (1, 1, 1), None, 1)
+    assert [(s.label, s.concurrency) for s in specs] == [("parallel", None), ("parallel@c4", 4),
+                                                         ("seed@dball@vball@c3", 3)]
+    with pytest.raises(click.BadParameter):
+        parse_modes("seed@c0", (1, 1, 1), None, 1)
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", "--modes", "ar,ar@c2",
+                                       "--repeats", "1"])
+    assert result.exit_code != 0 and "@c" in result.output and "tot-gsm8k" in result.output
+
+
+def test_concurrency_comparison_in_one_run_checks_predictions_against_parallel(tmp_path):
+    out = tmp_path / "conc.json"
+    stdout = _bench("--workload", "tot-gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "3",
+                    "--modes", "parallel,parallel@c3,seed@dball@vball@c3", "--max-new-tokens", "6",
+                    "--repeats", "1", "--warmup", "0", "--json", str(out), "--output", str(tmp_path / "runs"))
+    assert "predictions == parallel" in stdout and "problems/h" in stdout
+    data = json.loads(out.read_text())
+    assert [m["matches_ar"] for m in data["modes"]] == [True, True, True]
+    assert {m["matches_reference"] for m in data["modes"]} == {"parallel"}
+    for m in data["modes"]:
+        assert m["problems_per_hour"] == pytest.approx(3 * 3600 / m["wall_median_s"])
+    runs = sorted(p.parent.name for p in (tmp_path / "runs").glob("*/summary.json"))
+    assert runs == ["parallel-1", "parallel_c3-1", "seed_dball_vball_c3-1"]
