@@ -71,8 +71,8 @@ class ModeSpec:
     mode: str
     k_config: tuple[int, ...]
     n_workers: int | None
-    verify_batch: int | None  # None: every queued draft
-    draft_batch: int | None = 1  # None: every ready worker
+    verify_batch: int | str | None  # None: every queued draft; "auto": the engine's default
+    draft_batch: int | str | None = 1  # None: every ready worker
     draft_policy: str | None = None  # None: the engine's default
     policy_options: tuple[tuple[str, str], ...] = ()
     concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
@@ -86,8 +86,8 @@ class ModeSpec:
                     verify_batch=self.verify_batch, draft_batch=self.draft_batch, **policy)
 
 
-def _batch(value: str) -> int | None:
-    return None if value == "all" else int(value)
+def _batch(value: str) -> int | str | None:
+    return None if value == "all" else value if value == "auto" else int(value)
 
 
 def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, verify_batch: int | None,
@@ -206,6 +206,10 @@ def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple
                  f"9 value prompts, {params.max_new_tokens} new tokens each")
 
 
+def _all_or(batch: int | str | None) -> int | str:
+    return "all" if batch is None else batch
+
+
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
                  seed: int, out_root: Path, concurrency: int = 1) -> tuple[Workload, str]:
     from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
@@ -221,8 +225,9 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
     examples = task.load(data, limit=limit)
 
     def run(eng, spec: ModeSpec, index: int) -> list[str]:
+        # apply_overrides reads None as "not given": a spec's None ("all") must reach the config as "all"
         s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
-                            verify_batch=spec.verify_batch, draft_batch=spec.draft_batch,
+                            verify_batch=_all_or(spec.verify_batch), draft_batch=_all_or(spec.draft_batch),
                             draft_policy=spec.draft_policy, policy_options=dict(spec.policy_options) or None)
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
         solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=spec.concurrency or concurrency)
@@ -410,10 +415,10 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Default draft-tree shape of sd (its depth), mcsd and seed.")
 @click.option("--n-workers", type=click.IntRange(min=1), default=None,
               help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", callback=parse_batch, default="1", show_default=True,
-              help="SEED drafts verified per target forward (a number or 'all').")
-@click.option("--draft-batch", callback=parse_batch, default="1", show_default=True,
-              help="SEED ready workers drafted per draft forward (a number or 'all').")
+@click.option("--verify-batch", callback=parse_batch, default="auto", show_default=True,
+              help="SEED drafts verified per target forward (a number, 'all', or 'auto': the engine's default).")
+@click.option("--draft-batch", callback=parse_batch, default="auto", show_default=True,
+              help="SEED ready workers drafted per draft forward (a number, 'all' or 'auto').")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")

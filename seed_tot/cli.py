@@ -46,10 +46,10 @@ def main(verbose: int) -> None:
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--num-samples", "-n", type=int, default=1, show_default=True, help="Copies of the prompt (a ToT thought batch).")
 @click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", callback=parse_batch, default="1", show_default=True,
-              help="SEED: queued drafts verified per target forward (a number or 'all').")
-@click.option("--draft-batch", callback=parse_batch, default="1", show_default=True,
-              help="SEED: ready draft workers drafted per draft forward (a number or 'all'; 1: a thread per worker).")
+@click.option("--verify-batch", callback=parse_batch, default="auto", show_default=True,
+              help="SEED: queued drafts verified per target forward (a number, 'all', or 'auto': all where exact).")
+@click.option("--draft-batch", callback=parse_batch, default="auto", show_default=True,
+              help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: a thread per worker).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
@@ -114,8 +114,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--temperature", type=float, default=None)
 @click.option("--max-new-tokens", type=int, default=None)
 @click.option("--n-workers", type=int, default=None)
-@click.option("--verify-batch", callback=parse_batch, default=None, help="SEED: a number or 'all'.")
-@click.option("--draft-batch", callback=parse_batch, default=None, help="SEED: a number or 'all'.")
+@click.option("--verify-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
+@click.option("--draft-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
 @click.option("--seed", type=int, default=None)
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")

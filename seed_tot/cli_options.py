@@ -81,14 +81,15 @@ DEFAULT_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then sh
 
 
 def parse_batch(ctx, param, value):
-    """--verify-batch / --draft-batch: a positive number, or 'all' (every queued draft / ready worker).
-    Returns an int, the string 'all', or None when not given."""
-    if value is None or value == "all":
+    """--verify-batch / --draft-batch: a positive number, 'all' (every queued draft / ready worker) or
+    'auto' (batched where the models take it exactly: Engine.resolve_batches).
+    Returns an int, the string 'all' or 'auto', or None when not given."""
+    if value is None or value in ("all", "auto"):
         return value
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise click.BadParameter(f"{value!r} is neither a positive number nor 'all'")
+        raise click.BadParameter(f"{value!r} is not a positive number, 'all' or 'auto'")
     return number

@@ -128,7 +128,7 @@ class TracedEngine:
         return self._engine.render_prompt(*args, **kwargs)
 
     def generate(self, prompts, params=None, mode: str = "ar", k_config=(1, 1, 1), n_workers: int | None = None,
-                 verify_batch: int | None = 1, **engine_options) -> list[GenerationResult]:
+                 verify_batch: int | str | None = "auto", **engine_options) -> list[GenerationResult]:
         start = self._recorder.now()
         results = self._engine.generate(prompts, params, mode=mode, k_config=k_config, n_workers=n_workers,
                                         verify_batch=verify_batch, **engine_options)

@@ -119,6 +119,8 @@ def test_alibi_models_are_refused_up_front_for_tree_and_batched_paths(arch, alib
                    dict(mode="seed", k_config=(1, 1), verify_batch=2)):
         with pytest.raises(UnsupportedAttention, match="ALiBi.*Modes that are exact for it: ar, parallel, sd"):
             engine.generate(PROMPTS[:2], params, **kwargs)
+    # seed's default batch sizes fall back to the paper's execution here instead of refusing
+    assert engine.resolve_batches("seed", "auto", "auto") == (1, 1)
     # the modes the message names do work, and are exact
     refs = [reference_greedy(target, p, 6) for p in PROMPTS[:2]]
     for mode in ("ar", "parallel", "sd", "seed"):

@@ -71,6 +71,23 @@ def test_batched_drafting_really_shares_draft_forwards(setup):
     assert batched.target_forwards < one.target_forwards / 2
 
 
+def test_seed_batches_draft_and_target_forwards_by_default_where_the_model_takes_batched_masks(setup):
+    target, draft = setup
+    prompts = [[4, 4, 2]] * 6
+    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
+    engine = Engine(target, draft)
+    assert engine.resolve_batches("seed", "auto", "auto") == (None, None)
+    assert engine.resolve_batches("seed", 3, "auto") == (3, None)
+    assert engine.resolve_batches("sd", "auto", "auto") == (1, 1)
+    with pytest.raises(ValueError, match="auto"):
+        engine.resolve_batches("seed", "some", 1)
+    default = summarize(engine.generate(prompts, params, mode="seed"))
+    paper = summarize(engine.generate(prompts, params, mode="seed", draft_batch=1, verify_batch=1))
+    assert default.verifications == paper.verifications  # same rounds (same tokens, same acceptance)
+    assert default.draft_forwards < paper.draft_forwards / 2
+    assert default.target_forwards < paper.target_forwards / 2
+
+
 def test_batched_verification_pops_in_arrival_order(setup):
     target, draft = setup
     results = Engine(target, draft).generate([[1, 2, 3]] * 5, SamplingParams(max_new_tokens=10, temperature=0),

@@ -287,3 +287,6 @@ def test_concurrency_comparison_in_one_run_checks_predictions_against_parallel(t
         assert m["problems_per_hour"] == pytest.approx(3 * 3600 / m["wall_median_s"])
     runs = sorted(p.parent.name for p in (tmp_path / "runs").glob("*/summary.json"))
     assert runs == ["parallel-1", "parallel_c3-1", "seed_dball_vball_c3-1"]
+    # a spec's "all" reaches the solve as "all", not as "not given" (which meant the config's batch sizes)
+    solved = json.loads((tmp_path / "runs" / "seed_dball_vball_c3-1" / "summary.json").read_text())["settings"]
+    assert (solved["verify_batch"], solved["draft_batch"]) == ("all", "all")

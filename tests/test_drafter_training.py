@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -86,3 +87,27 @@ def test_train_drafter_refuses_a_test_split(tmp_path):
     data.write_text(json.dumps({"question": "What is 2 + 2?"}) + "\n")
     result = CliRunner().invoke(main, ["train-drafter", "--data", str(data), "--out", str(tmp_path / "d")])
     assert result.exit_code == 2 and "looks like a test split" in result.output
+
+
+def test_value_prompts_for_drafter_data_are_the_ones_a_tot_step_evaluates_built_from_train_solutions():
+    from seed_tot.search.protocol import Example, State
+    from seed_tot.tasks import get_task
+    from seed_tot.training.drafter_data import task_prompts
+
+    class Renderer:  # the engine's render_prompt, without a model
+        @staticmethod
+        def render_prompt(user, assistant_prefix):
+            return f"{user}\n{assistant_prefix}"
+
+    records = [json.loads(line) for line in open("tests/fixtures/gsm8k_small.jsonl", encoding="utf-8")][:3]
+    prompts = task_prompts(Renderer, records, ("gsm8k_value",), seed=0)
+    task = get_task("gsm8k")
+    header = task.prompts["step_header"].format(k=1)
+    expected = []
+    for record in records:  # the fixture's solutions have one line besides "####": a one-step state
+        line = record["answer"].splitlines()[0].strip()
+        call = task.value_prompt(Example("x", {"question": record["question"], "answer": ""}), State((f"{header} {line}",)))
+        expected.append(Renderer.render_prompt(call.user, call.assistant_prefix))
+    assert sorted(prompts) == sorted(expected)
+    with pytest.raises(ValueError, match="answer"):
+        task_prompts(Renderer, [{"question": "q"}], ("gsm8k_value",))

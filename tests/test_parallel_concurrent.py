@@ -127,7 +127,9 @@ def test_parallel_needs_no_draft_model_and_shares_forwards_with_seed_calls(targe
     long = SamplingParams(max_new_tokens=3 * MAX_NEW, temperature=0)
 
     async def run():
-        return await asyncio.gather(engine.agenerate(CALLS[0], long, mode="seed", verify_batch=None),
+        # draft_batch=1: each seed worker drafts on its own thread, so seed drafts reach the queue
+        # while parallel rows wait there (a batched draft forward lets the two phase-lock apart)
+        return await asyncio.gather(engine.agenerate(CALLS[0], long, mode="seed", verify_batch=None, draft_batch=1),
                                     engine.agenerate(CALLS[1], params, mode="parallel"))
 
     seed, parallel = asyncio.run(run())

@@ -104,7 +104,7 @@ def test_a_failing_draft_worker_surfaces_as_an_error_naming_it(setup, monkeypatc
 
     async def run():
         return await asyncio.wait_for(engine.agenerate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=MAX_NEW),
-                                                       mode="seed"), timeout=60)
+                                                       mode="seed", draft_batch=1), timeout=60)  # the threaded path
 
     with pytest.raises(SeedError, match="sequence 2"):
         asyncio.run(run())

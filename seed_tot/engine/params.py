@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 MODES = ("ar", "parallel", "sd", "mcsd", "seed")
 DRAFTING_MODES = ("sd", "mcsd", "seed")  # the modes that run a draft model
+AUTO_BATCH = "auto"  # SEED's default draft/verify batch: batched where exact (Engine.resolve_batches)
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ class RunSettings:
     mode: str = "seed"
     k_config: tuple[int, ...] = (1, 1, 1)
     n_workers: int | None = None  # draft workers (seed mode); None: the engine's default
-    verify_batch: int | str = 1  # a number or "all" (every queued draft)
-    draft_batch: int | str = 1  # a number or "all" (every ready draft worker)
+    verify_batch: int | str = "auto"  # a number, "all" (every queued draft) or "auto" (Engine.resolve_batches)
+    draft_batch: int | str = "auto"  # a number, "all" (every ready draft worker) or "auto"
     draft_policy: str | None = None  # None: the engine's default (fixed k_config shapes)
     policy_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -66,13 +66,15 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _batch_size(value: int | str) -> int | None:
-    return None if value == "all" else value
+def _batch_size(value: int | str) -> int | str | None:
+    return None if value == "all" else value  # "auto" goes to the engine as is
 
 
 def _positive_int_or_all(value: Any) -> int | str:
     if value == "all" or value is None:  # None: the engine's "every one" (Python callers)
         return "all"
+    if value == "auto":
+        return value
     return _positive_int(value)
 
 

@@ -33,7 +33,7 @@ class GenerationEngine(Protocol):
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str: ...
 
     def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
-                 n_workers: int | None, verify_batch: int | None, **engine_options) -> list[GenerationResult]: ...
+                 n_workers: int | None, verify_batch: int | str | None, **engine_options) -> list[GenerationResult]: ...
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class DecodingSettings:
     mode: str = "seed"
     k_config: tuple[int, ...] = (1, 1, 1)
     n_workers: int | None = None
-    verify_batch: int | None = 1  # None: every queued draft
-    draft_batch: int | None = 1  # None: every ready draft worker
+    verify_batch: int | str | None = "auto"  # None: every queued draft; "auto": Engine.resolve_batches
+    draft_batch: int | str | None = "auto"  # None: every ready draft worker
     draft_policy: str | None = None  # None: the engine's default
     policy_options: dict = field(default_factory=dict)
     temperature: float = 1.0

@@ -26,14 +26,14 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--method", type=click.Choice(["parallelspec", "autoregressive"]), default="parallelspec", show_default=True)
 @click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
-              help='JSONL training questions, one {"question": ...} per line (GSM8K *train*; never test data).')
+              help='JSONL training questions, one {"question": ..., "answer": ...} per line (GSM8K *train*; never test data); gsm8k_value builds its states from the answers.')
 @click.option("--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
               help="parallelspec: [MASK] tokens (drafts k+1 per forward); autoregressive: held-out chain is k+1 long.")
 @click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Decoder layers of the drafter.")
 @click.option("--steps", type=click.IntRange(min=1), default=2000, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Drafter, config, cached data and checkpoints go here; rerun to resume.")
-@click.option("--tasks", default="gsm8k,blocksworld,creative_writing", show_default=True, callback=_task_list,
+@click.option("--tasks", default="gsm8k,gsm8k_value,blocksworld,creative_writing", show_default=True, callback=_task_list,
               help="Which task prompts to render from the train questions.")
 @click.option("--max-examples", type=click.IntRange(min=2), default=256, show_default=True,
               help="Train questions read from --data.")
