@@ -36,6 +36,33 @@ def test_training_on_a_deterministic_sequence_lowers_loss_and_beats_chance_at_ev
     assert history[0][1][3] < min(result.accuracy)  # and got there by training
 
 
+def test_training_over_a_draft_vocabulary_is_cross_entropy_over_its_rows_with_outside_labels_missed():
+    from torch.nn import functional as F
+
+    from seed_tot.training.drafter_train import group_batch, sample_loss
+
+    target = tiny_model("llama", seed=11)
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=2, n_layers=1)
+    sample = toy_samples()[0]
+    vocab = sorted(set(sample.tokens))[:-3]  # three of the sequence's tokens are outside: never draftable
+    drafter.set_draft_vocab(torch.tensor(vocab))
+    generator = torch.Generator().manual_seed(0)
+    loss, stats = sample_loss(drafter, sample, None, generator)
+    # the same thing by hand: logits of the vocabulary's rows only, labels as indices into it
+    batch = group_batch(drafter, sample.tokens, list(range(sample.start - 1, len(sample.tokens) - 1)))
+    hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
+    valid = batch.labels != -100
+    logits = drafter.full_head(hidden[0, batch.rows[valid]])[:, vocab]
+    labels = batch.labels[valid]
+    inside = torch.tensor([t in vocab for t in labels.tolist()])
+    index = torch.tensor([vocab.index(t) if t in vocab else 0 for t in labels.tolist()])
+    torch.testing.assert_close(loss, F.cross_entropy(logits[inside], index[inside], reduction="sum"))
+    assert stats.count == int(inside.sum()) < int(valid.sum()) == sum(stats.total)
+    hits = (logits.argmax(-1) == index) & inside
+    assert sum(stats.correct) == int(hits.sum())  # an outside label is a miss, whatever the argmax
+
+
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     target = tiny_model("llama", seed=11)
     runs = {}

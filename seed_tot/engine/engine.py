@@ -15,7 +15,8 @@ from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
-from .speculative import draft_round, prefill, verify_round
+from .shared_prefill import prefill_prompts
+from .speculative import draft_round, verify_round
 
 log = logging.getLogger(__name__)
 
@@ -281,24 +282,22 @@ class Engine:
                                  f"({params.max_new_tokens}) needs {longest}: shorten the prompt or lower max_new_tokens")
 
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
-        """Prefill each model once per distinct prompt; copies of a prompt share that prefix KV."""
-        by_prompt: dict[tuple[int, ...], Sequence] = {}
-        for seq in seqs:
-            first = by_prompt.get(tuple(seq.prompt))
-            if first is None:
-                by_prompt[tuple(seq.prompt)] = seq
-                start = time.perf_counter()
-                seq.target = KVCache()
-                prefill(self.target, seq.target, seq.prompt)
-                seq.stats.target_busy_s += time.perf_counter() - start
-                seq.stats.target_prefills += len(seq.prompt) > 1  # a one-token prompt needs no prefill
-                if with_draft:
-                    seq.draft = KVCache()
-                    prefill(self.draft, seq.draft, seq.prompt)
-                    seq.stats.draft_prefills += len(seq.prompt) > 1
-            else:
-                seq.target = first.target.fork()
-                seq.draft = first.draft.fork() if with_draft else None
+        """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
+        prompt share its whole prefix KV, prompts with a long common beginning share that."""
+        prompts = [seq.prompt for seq in seqs]
+        caches, costs = prefill_prompts(self.target, prompts)
+        for seq, kv, cost in zip(seqs, caches, costs):
+            seq.target = kv
+            seq.stats.target_busy_s += cost.busy_s
+            seq.stats.target_prefills += cost.forwards
+        if with_draft:
+            caches, costs = prefill_prompts(self.draft, prompts)
+            for seq, kv, cost in zip(seqs, caches, costs):
+                seq.draft = kv
+                seq.stats.draft_prefills += cost.forwards
+        else:
+            for seq in seqs:
+                seq.draft = None
 
     def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
                policy_options: dict | None = None):

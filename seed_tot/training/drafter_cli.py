@@ -51,7 +51,7 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
 @click.option("--draft-vocab", "vocab_size", type=click.IntRange(min=0), default=DEFAULT_VOCAB, show_default=True,
-              help="Draft only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
+              help="Train and draft over only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
                           max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype,
@@ -105,6 +105,13 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     click.echo(f"{len(samples)} samples, {response_tokens} response tokens", err=True)
     torch.manual_seed(seed)
     drafter = ParallelDrafter(engine.target, k if method == "parallelspec" else 0, layers)
+    vocab_record = None
+    if vocab_size:  # from what the target wrote: exactly the tokens a drafter has to propose; set before
+        # training, so the drafter learns the softmax over these rows that it drafts from (drafter_train._scored)
+        responses = [s.tokens[s.start:] for s in samples]
+        ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
+        drafter.set_draft_vocab(ids)
+        vocab_record = {"source": "the target's responses in the training data", "coverage": round(coverage(ids, responses), 4)}
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
         def progress(step: int, loss: float, accuracy: list[float]) -> None:
@@ -114,12 +121,6 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
         result = train_drafter(drafter, samples, steps, out, batch=batch, lr=lr, max_groups=max_groups, seed=seed,
                                progress=progress)
     train_s = time.perf_counter() - train_start
-    vocab_record = None
-    if vocab_size:  # from what the target wrote: exactly the tokens a drafter has to propose
-        responses = [s.tokens[s.start:] for s in samples]
-        ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
-        drafter.set_draft_vocab(ids)
-        vocab_record = {"source": "the target's responses in the training data", "coverage": round(coverage(ids, responses), 4)}
     # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
     tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer), [p[-context:] for p in held_prompts], k + 1,
                       min(max_new_tokens, 64))

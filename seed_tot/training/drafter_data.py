@@ -79,19 +79,22 @@ def task_prompts(engine, records: list[dict], tasks=TASKS, seed: int = 0) -> lis
 def generate_samples(engine, prompts: list[list[int]], params, batch: int = 16, context: int = 256,
                      progress=None) -> list[Sample]:
     """The target's responses to `prompts` (batched), as training samples whose prompt keeps its last
-    `context` tokens (what the drafter sees at inference is the recent context; this bounds the cost)."""
-    samples = []
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start: start + batch]
-        for prompt, result in zip(chunk, engine.generate(chunk, params, mode="parallel")):
+    `context` tokens (what the drafter sees at inference is the recent context; this bounds the cost).
+    Batches take the prompts in sorted order, so that prompts of one template share a call and the
+    engine prefills their common beginning once (shared_prefill.py); samples keep the prompts' order."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    by_prompt: dict[int, Sample] = {}
+    for start in range(0, len(order), batch):
+        chunk = order[start: start + batch]
+        for i, result in zip(chunk, engine.generate([prompts[i] for i in chunk], params, mode="parallel")):
             if result.token_ids:
-                kept = prompt[-context:]
-                samples.append(Sample(kept + list(result.token_ids), len(kept)))
+                kept = prompts[i][-context:]
+                by_prompt[i] = Sample(kept + list(result.token_ids), len(kept))
         if progress is not None:
             progress(len(chunk))
-    if not samples:
+    if not by_prompt:
         raise ValueError("no training samples: every target response was empty")
-    return samples
+    return [by_prompt[i] for i in sorted(by_prompt)]
 
 
 def pack(samples: list[Sample]) -> dict[str, torch.Tensor]:

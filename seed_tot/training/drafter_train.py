@@ -93,9 +93,23 @@ class StepStats:
     total: list[int]
 
 
+def _scored(drafter, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels over what the drafter drafts from: with a draft vocabulary (draft_vocab.py) only
+    its rows, as at inference, where q is the softmax over them (a label outside it becomes IGNORE: it
+    can never be drafted); otherwise the whole shared head. Scoring 8k rows instead of 49k also makes
+    a step several times cheaper on the embedded default (the head dominates a one-layer drafter)."""
+    head = drafter.trimmed_head
+    if head is None:
+        return drafter.full_head(hidden).float(), labels
+    lookup = torch.full((head.weight.shape[0],), IGNORE, dtype=torch.long, device=labels.device)
+    lookup[head.token_ids.to(labels.device)] = torch.arange(head.token_ids.numel(), device=labels.device)
+    return F.linear(hidden, head.rows, head.bias).float(), lookup[labels]
+
+
 def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torch.Generator
                 ) -> tuple[torch.Tensor | None, StepStats]:
-    """Summed cross-entropy over the sample's labelled group positions, and per-position accuracy."""
+    """Summed cross-entropy over the sample's labelled group positions, and per-position accuracy
+    (a label the draft vocabulary lacks counts as a miss)."""
     k = drafter.n_masks
     anchors = anchors_of(sample, max_groups, generator)
     if not anchors:
@@ -105,14 +119,16 @@ def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torc
     # only labelled rows go through the (large) LM head
     hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
     picked = hidden[0, batch.rows[valid].to(hidden.device)]
-    logits = drafter.full_head(picked).float()
-    labels = batch.labels[valid].to(logits.device)
-    loss = F.cross_entropy(logits, labels, reduction="sum")
-    hits = (logits.argmax(-1) == labels).cpu()
+    logits, labels = _scored(drafter, picked, batch.labels[valid].to(picked.device))
+    scored = labels != IGNORE
+    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+    hits = ((logits.argmax(-1) == labels) & scored).cpu()
     slot = torch.arange(k + 1).expand_as(batch.labels)[valid]
     correct = torch.bincount(slot[hits], minlength=k + 1).tolist()
     total = torch.bincount(slot, minlength=k + 1).tolist()
-    return loss, StepStats(float(loss.detach()), int(valid.sum()), correct, total)
+    if not bool(scored.any()):
+        return None, StepStats(0.0, 0, [0] * (k + 1), total)
+    return loss, StepStats(float(loss.detach()), int(scored.sum()), correct, total)
 
 
 @dataclass

@@ -1,0 +1,119 @@
+"""Prefill a call's prompts once per shared stretch of tokens (prefix caching within a call).
+
+A ToT step sends prompts that differ only near the end: its thought prompts share the task's
+few-shot text and the question, its value prompts share that and often the first steps. Scoring
+each distinct prompt from its first token recomputes that text once per prompt, and on a CPU a
+prompt token costs as much as a generated one. So the prompts are read as a trie (what SGLang's
+radix cache and vLLM's prefix caching do across requests; here within one call): a stretch of at
+least MIN_SHARED tokens that several prompts have in common is scored once, into a cache that each
+of them forks (`KVCache.fork`: the stretch is read in place as a read-only segment, never copied),
+and each prompt then scores only what follows. Copies of one prompt fork the whole prompt.
+
+Exact: a token's keys and values depend only on the tokens before it and its position, so a prompt
+scored in pieces holds the entries it would hold scored in one forward, up to the floating-point
+order of the sums (as in any batched forward). Models whose attention cannot read a forked
+segment in place (row_attention.py) keep one prefill per distinct prompt.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import row_attention
+from .kv_cache import KVCache, layout_of
+from .masks import UnsupportedAttention
+
+# Shorter common stretches are scored with each prompt: a separate forward costs more than the
+# tokens it saves (one 1.5B forward of 1 token costs about as much as 3 tokens on the 2-core CPU).
+MIN_SHARED = 32
+
+
+@dataclass
+class PrefillCost:
+    """What one distinct prompt's prefill cost: its share of shared forwards counts 1/g of each."""
+
+    forwards: float = 0.0
+    busy_s: float = 0.0
+    tokens: float = 0.0  # prompt tokens scored on this prompt's behalf (shared ones split the same way)
+
+
+def _extend(model, kv: KVCache, tokens: list[int]) -> None:
+    """Score `tokens` after kv's committed history and commit them (a chain)."""
+    if tokens:
+        kv.forward(model, tokens, [i - 1 for i in range(len(tokens))], logits_to_keep=1)
+    kv.commit(list(range(len(kv.parents))))
+
+
+def _can_share(model) -> bool:
+    try:
+        layout_of(model).check_tree_masks("a shared prompt prefix")
+    except UnsupportedAttention:
+        return False
+    return row_attention.install(model)
+
+
+def _common_length(prompts: list[list[int]]) -> int:
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for i in range(n):
+        token = first[i]
+        if any(p[i] != token for p in prompts):
+            return i
+    return n
+
+
+@torch.inference_mode()
+def prefill_prompts(model, prompts: list[list[int]]) -> tuple[list[KVCache], list[PrefillCost]]:
+    """One committed cache per prompt holding all but its last token (scored with its first round),
+    and what each prompt's prefill cost. Equal prompts get forks of one cache."""
+    caches: list[KVCache | None] = [None] * len(prompts)
+    costs = [PrefillCost() for _ in prompts]
+    first_of: dict[tuple[int, ...], int] = {}
+    distinct: list[int] = []
+    for i, p in enumerate(prompts):
+        key = tuple(p)
+        if key in first_of:
+            continue
+        first_of[key] = i
+        distinct.append(i)
+    share = len(distinct) > 1 and _can_share(model)
+
+    def score(kv: KVCache, tokens: list[int], owners: list[int]) -> None:
+        start = time.perf_counter()
+        _extend(model, kv, tokens)
+        spent = time.perf_counter() - start
+        for i in owners:
+            costs[i].forwards += bool(tokens) / len(owners)
+            costs[i].busy_s += spent / len(owners)
+            costs[i].tokens += len(tokens) / len(owners)
+
+    def build(base: KVCache | None, done: int, group: list[int]) -> None:
+        """Caches for the prompts in `group`, which all begin with the `done` tokens in `base`."""
+        if len(group) == 1 or not share:
+            for i in group:
+                kv = base.fork() if base is not None else KVCache()
+                score(kv, prompts[i][done: len(prompts[i]) - 1], [i])
+                caches[i] = kv
+            return
+        members = [prompts[i] for i in group]
+        common = min(_common_length(members), min(len(p) for p in members) - 1)  # never a prompt's last token
+        if common - done >= MIN_SHARED:
+            trunk = base.fork() if base is not None else KVCache()
+            score(trunk, members[0][done:common], group)
+            base, done = trunk, common
+        ended = [i for i in group if len(prompts[i]) - 1 == common]
+        for i in ended:
+            build(base, done, [i])
+        by_next: dict[int, list[int]] = {}
+        for i in group:
+            if len(prompts[i]) - 1 > common:
+                by_next.setdefault(prompts[i][common], []).append(i)
+        for sub in by_next.values():
+            build(base, done, sub)
+
+    build(None, 0, distinct)
+    for i, p in enumerate(prompts):
+        if caches[i] is None:
+            caches[i] = caches[first_of[tuple(p)]].fork()
+    return caches, costs
