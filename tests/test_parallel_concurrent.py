@@ -67,7 +67,9 @@ def test_concurrent_agenerate_callers_share_target_forwards_and_each_gets_what_i
     # the counters agree: all calls' rows took fewer target forwards than the calls did apart
     apart = sum(summarize(r).target_forwards for r in alone)
     shared = sum(summarize(r).target_forwards for r in together)
-    assert shared < apart and shared == pytest.approx(MAX_NEW)  # all rows start and end together here
+    # the calls prefill one after another (on a CPU, on the one forward thread), so a later call's
+    # rows may join at a later step: at most one extra forward per call after the first
+    assert shared < apart and MAX_NEW - 1e-9 <= shared <= MAX_NEW + len(CALLS) - 1 + 1e-9
     assert sum(summarize(r).verifications for r in together) == rows * MAX_NEW
 
 

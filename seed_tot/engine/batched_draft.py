@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .draft_tree import DraftTree
+from .forward_thread import after_queued_work
 from .kv_cache import forward_batch
 from .policies.base import DraftPolicy
 from .sequence import Sequence
@@ -80,9 +81,12 @@ class DraftBatcher:
     whose verification comes back queue up, and the next round takes them.
     """
 
-    def __init__(self, model, vocab_size: int, pool: ThreadPoolExecutor, run_in_stream):
+    def __init__(self, model, vocab_size: int, pool: ThreadPoolExecutor, run_in_stream, wait_turn: bool = False):
         self.model, self.vocab_size = model, vocab_size
         self.pool, self.run_in_stream = pool, run_in_stream
+        # with one forward thread for drafts and verification (a CPU engine), gather the round's rows
+        # when that thread is free, not before: workers verified meanwhile join the round
+        self.wait_turn = wait_turn
         self._waiting: list[_Request] = []
         self._wake = asyncio.Event()
 
@@ -99,6 +103,8 @@ class DraftBatcher:
             await self._wake.wait()
             self._wake.clear()
             while self._waiting:
+                if self.wait_turn:
+                    await after_queued_work(self.pool)
                 self._waiting = [r for r in self._waiting if not r.done.done()]  # drop cancelled workers
                 take = self._waiting[0].max_rows if self._waiting else 0
                 take = len(self._waiting) if take is None else take

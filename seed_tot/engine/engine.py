@@ -15,6 +15,7 @@ from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
+from .forward_thread import ForwardThread
 from .shared_prefill import prefill_prompts
 from .speculative import draft_round, verify_round
 
@@ -46,6 +47,9 @@ class Engine:
         self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
         self._background: _BackgroundLoop | None = None
         self._background_lock = threading.Lock()
+        # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
+        device = getattr(target_model, "device", torch.device("cpu"))
+        self.forward_thread = ForwardThread() if torch.device(device).type == "cpu" else None
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
@@ -144,6 +148,14 @@ class Engine:
                 raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
             return self._seed_loop().run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
                                                         draft_policy, policy_options, draft_batch))
+        if self.forward_thread is not None:
+            return self.forward_thread.call(self._generate_unscheduled, prompts, params, mode, k_config, verify_batch,
+                                            draft_policy, policy_options)
+        return self._generate_unscheduled(prompts, params, mode, k_config, verify_batch, draft_policy, policy_options)
+
+    def _generate_unscheduled(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch,
+                              draft_policy, policy_options) -> list[GenerationResult]:
+        """ar, sd, mcsd one sequence after another, and the static parallel batch (see `_scheduled`)."""
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
         seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, prefill=mode != "parallel")
         if mode == "parallel":  # a model that cannot share forwards across calls (see _scheduled)
@@ -171,7 +183,11 @@ class Engine:
         if mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
             n_workers, verify_batch, draft_batch = None, None, 1
         start = time.perf_counter()
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch)
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch, prefill=False)
+        if self.forward_thread is not None:  # on the thread that runs every other forward of this engine
+            await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, mode in DRAFTING_MODES))
+        else:
+            self._prefill_shared(seqs, with_draft=mode in DRAFTING_MODES)
         policy = self.policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
         loop = asyncio.get_running_loop()
         scheduler = self._seed_schedulers.get(loop)

@@ -38,6 +38,7 @@ import torch
 
 from .batched_draft import DraftBatcher
 from .draft_tree import DraftTree
+from .forward_thread import after_queued_work
 from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
 from .speculative import accept_row, draft_round, score_rows
@@ -87,6 +88,13 @@ class VerifyQueue:
             limit = self._items[0].call.verify_batch
             n = len(self._items) if limit is None else min(limit, len(self._items))
             return [self._items.popleft() for _ in range(n)]
+
+    def take_more(self, jobs: list[VerifyJob]) -> list[VerifyJob]:
+        """`jobs` (just popped) and the jobs queued behind them since, up to the head's verify_batch."""
+        limit = jobs[0].call.verify_batch
+        while self._items and (limit is None or len(jobs) < limit):
+            jobs.append(self._items.popleft())
+        return jobs
 
     async def close(self) -> None:
         async with self._ready:
@@ -150,11 +158,15 @@ class SeedScheduler:
         self._streams = _Streams(engine.target.device)
         self._queue = VerifyQueue()
         # draft_batch=1 workers draft on their own threads (the paper's execution); batched rounds
-        # run on one more thread, the target on its own
-        self._draft_pool = ThreadPoolExecutor(MAX_DRAFT_THREADS, thread_name_prefix="seed-draft")
-        self._batch_pool = ThreadPoolExecutor(1, thread_name_prefix="seed-draft-batch")
-        self._target_pool = ThreadPoolExecutor(1, thread_name_prefix="seed-target")
-        self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run)
+        # run on one more thread, the target on its own. On a CPU all of them are the engine's one
+        # forward thread (forward_thread.py: a second thread's forwards slow both down there).
+        shared = engine.forward_thread
+        self._draft_pool = shared or ThreadPoolExecutor(MAX_DRAFT_THREADS, thread_name_prefix="seed-draft")
+        self._batch_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-draft-batch")
+        self._target_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-target")
+        self._one_thread = shared is not None
+        self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run,
+                                     wait_turn=self._one_thread)
         self._tasks = [asyncio.create_task(self._verifier(), name="seed-verifier"),
                        asyncio.create_task(self._batcher.run(), name="seed-draft-batcher")]
 
@@ -234,6 +246,9 @@ class SeedScheduler:
             jobs = await self._queue.pop()
             if jobs is None:
                 return
+            if self._one_thread:  # wait for the forward thread: drafts running before us join this forward
+                await after_queued_work(self._target_pool)
+                jobs = self._queue.take_more(jobs)
             calls = {id(j.call): j.call for j in jobs}.values()
             starts = {id(c): c.now() for c in calls}
             for c in calls:

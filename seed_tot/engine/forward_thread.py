@@ -1,0 +1,72 @@
+"""On a CPU, one thread runs every model forward of an engine.
+
+torch runs a forward's kernels on an OpenMP team that belongs to the calling thread, and a team's
+threads spin between the thousands of small parallel regions of a decode step. When a second thread
+runs forwards as well (SEED's target thread beside the event loop that prefilled, draft threads
+beside the verifier), two teams compete for the same cores and every forward slows down. Measured on
+the 2-core CPU (SmolLM2-135M, 16 rows of ~620 tokens, one decode forward): 190 ms when one thread
+ran all forwards, 490 ms once a second thread had run forwards too, and 550 ms per step inside the
+scheduler, which prefilled on its loop thread and decoded on its target thread.
+
+So an engine whose target is on the CPU owns one `ForwardThread`, and everything that runs a forward
+goes through it: prefill, draft rounds, verification, and the serial modes (ar, sd, mcsd). On a
+GPU the roles keep their own threads, each issuing kernels on its own CUDA stream, so that drafting
+and verification overlap on the device (the SEED paper's point); on two CPU cores they could not
+overlap usefully anyway, since each forward already uses both cores.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+
+
+class ForwardThread(Executor):
+    """A one-thread executor that runs a call inline when it is already on its thread (no deadlock
+    when a forward-running function calls another)."""
+
+    def __init__(self, name: str = "seed-tot-forward"):
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._ident: int | None = None
+        self._lock = threading.Lock()
+
+    def _mark(self) -> None:
+        self._ident = threading.get_ident()
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name, initializer=self._mark)
+            return self._pool
+
+    def on_thread(self) -> bool:
+        return self._ident is not None and threading.get_ident() == self._ident
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if self.on_thread():
+            future: Future = Future()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:  # handed to the caller through the future, as a pool would
+                future.set_exception(err)
+            return future
+        return self.pool.submit(fn, *args, **kwargs)
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args) on the forward thread; blocks until it returns (or raises) here."""
+        return self.submit(fn, *args, **kwargs).result()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """The engine's thread lives as long as the engine; schedulers that borrow it must not stop it."""
+
+
+async def after_queued_work(executor: Executor) -> None:
+    """Return once the work submitted to the one-thread `executor` before this call has run: a batch
+    gathered then takes every row that work made ready."""
+    await asyncio.get_running_loop().run_in_executor(executor, _nothing)
+
+
+def _nothing() -> None:
+    pass
