@@ -44,6 +44,12 @@ def test_frequent_tokens_rank_by_count_keep_special_tokens_and_report_coverage()
         frequent_tokens(lists, 0)
 
 
+def test_frequent_tokens_can_skip_ids_already_chosen():
+    counts = [[5, 5, 5, 7, 7, 9, 2]]
+    assert frequent_tokens(counts, 2, exclude=[5]).tolist() == [2, 7]  # 7 by count, then 2 (tie with 9: smaller id)
+    assert frequent_tokens(counts, 2).tolist() == [5, 7]
+
+
 def _half_vocab_drafter(target, n_masks: int) -> ParallelDrafter:
     torch.manual_seed(0)
     drafter = ParallelDrafter(target, n_masks=n_masks, n_layers=1).eval()

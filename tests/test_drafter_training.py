@@ -97,6 +97,13 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     config = json.loads((out / "drafter.json").read_text())
     assert config["target"] == target_dir and config["method"] == "parallelspec"
     assert config["training"]["samples"] == 5  # 3 questions x (thought, answer) - 1 held out
+    from safetensors.torch import load_file
+
+    from seed_tot.engine.drafters.draft_vocab import load_vocab
+    from seed_tot.training.drafter_data import unpack
+    written = {t for s in unpack(load_file(str(out / "data.safetensors"))) for t in s.tokens[s.start:]}
+    vocab = set(load_vocab(out).tolist())  # every token the target wrote, then the train side's frequent ones
+    assert written <= vocab and len(vocab) > len(written)
     card = (out / "MODEL_CARD.md").read_text()  # the model card reproduces the run and states its tau
     assert f"--data {data}" in card and "--k 2" in card and f"tau {report['heldout']['tau']:.2f}" in card
     engine = Engine.from_pretrained(target=target_dir, draft=str(out), device="cpu")

@@ -52,10 +52,12 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
 @click.option("--draft-vocab", "vocab_size", type=click.IntRange(min=0), default=DEFAULT_VOCAB, show_default=True,
               help="Train and draft over only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
+@click.option("--vocab-examples", type=click.IntRange(min=0), default=8000, show_default=True,
+              help="Train records whose prompts and solutions fill the draft vocabulary past the responses' own tokens.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
                           max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype,
-                          vocab_size, seed):
+                          vocab_size, vocab_examples, seed):
     """Generate the target's responses to the project's own prompts, train the drafter on them (progress
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
     import time
@@ -72,7 +74,7 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
 
     from .drafter_data import generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
-    from .vocab_cli import special_ids
+    from .vocab_cli import records_tokens, special_ids
 
     if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
         raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
@@ -89,29 +91,42 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     data_meta = {"target": engine.target_name, "data": str(data_file), "max_examples": max_examples, "tasks": list(tasks),
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "context": context, "seed": seed,
                  "heldout": heldout}
-    data_path, meta_path = out / DATA_FILE, out / "data.json"
+    data_path, meta_path, cost_path = out / DATA_FILE, out / "data.json", out / "data_cost.json"
     gen_start = time.perf_counter()
     if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == data_meta:
         samples = unpack(load_file(str(data_path)))
         click.echo(f"reusing {len(samples)} cached samples from {data_path}", err=True)
+        # what generating them cost when they were made (the card reports that, not the reload)
+        gen_s = json.loads(cost_path.read_text())["generate_s"] if cost_path.is_file() else time.perf_counter() - gen_start
     else:
         with tqdm(total=len(train_prompts), desc="target responses", unit="prompt") as bar:
             samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.update)
         out.mkdir(parents=True, exist_ok=True)
         save_file(pack(samples), str(data_path))
         meta_path.write_text(json.dumps(data_meta, indent=2) + "\n", encoding="utf-8")
-    gen_s = time.perf_counter() - gen_start
+        gen_s = time.perf_counter() - gen_start
+        cost_path.write_text(json.dumps({"generate_s": gen_s}) + "\n", encoding="utf-8")
     response_tokens = sum(len(s.tokens) - s.start for s in samples)
     click.echo(f"{len(samples)} samples, {response_tokens} response tokens", err=True)
     torch.manual_seed(seed)
     drafter = ParallelDrafter(engine.target, k if method == "parallelspec" else 0, layers)
     vocab_record = None
-    if vocab_size:  # from what the target wrote: exactly the tokens a drafter has to propose; set before
-        # training, so the drafter learns the softmax over these rows that it drafts from (drafter_train._scored)
+    if vocab_size:  # set before training, so the drafter learns the softmax over the rows it drafts from
+        # (drafter_train._scored). First every token the target wrote here (exactly what a drafter has to
+        # propose), then, up to the size, the most frequent tokens of the train side's prompts and
+        # solutions (--vocab-examples records): the responses alone hold too few distinct tokens
+        # (1,454 in 64k tokens on the embedded default) for a test question's names and words
         responses = [s.tokens[s.start:] for s in samples]
         ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
+        source = "the target's responses in the training data"
+        if ids.numel() < vocab_size and vocab_examples:
+            counted = load_records(data_file, required=("question",), limit=vocab_examples)
+            more = frequent_tokens(records_tokens(engine, counted, [t for t in tasks if t != "gsm8k_value"]),
+                                   vocab_size - ids.numel(), exclude=ids.tolist())
+            ids = torch.unique(torch.cat([ids, more]))
+            source += f", then the most frequent of {len(counted)} {Path(data_file).name} records' prompts and solutions"
         drafter.set_draft_vocab(ids)
-        vocab_record = {"source": "the target's responses in the training data", "coverage": round(coverage(ids, responses), 4)}
+        vocab_record = {"source": source, "coverage": round(coverage(ids, responses), 4)}
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
         def progress(step: int, loss: float, accuracy: list[float]) -> None:
@@ -131,7 +146,7 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     save_drafter(drafter, out, engine.target, engine.target_name, training, vocab_record)
     command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
                f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
-               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}",
+               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
                f"--seed {seed}", f"--out {out}"]
     if target:
         command.insert(2, f"--target {target}")

@@ -57,12 +57,14 @@ class TrimmedHead(nn.Module):
         return out.index_copy_(-1, self.token_ids, small)
 
 
-def frequent_tokens(token_lists: Iterable[Iterable[int]], size: int, always: Iterable[int] = ()) -> torch.Tensor:
-    """The `size` most frequent ids of `token_lists` (ties: smaller id first), plus every id in
-    `always` (special tokens: EOS must stay draftable), sorted."""
+def frequent_tokens(token_lists: Iterable[Iterable[int]], size: int, always: Iterable[int] = (),
+                    exclude: Iterable[int] = ()) -> torch.Tensor:
+    """The `size` most frequent ids of `token_lists` that are not in `exclude` (ties: smaller id
+    first), plus every id in `always` (special tokens: EOS must stay draftable), sorted."""
     if size < 1:
         raise ValueError(f"a draft vocabulary needs size >= 1, got {size}")
-    counts = Counter(t for tokens in token_lists for t in tokens)
+    skip = set(exclude)
+    counts = Counter(t for tokens in token_lists for t in tokens if t not in skip)
     ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
     return torch.tensor(sorted(set(ranked) | set(always)), dtype=torch.long)
 
