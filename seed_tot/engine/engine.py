@@ -203,8 +203,9 @@ class Engine:
         masks exactly; otherwise 1, the paper's execution (ALiBi models: Bloom, MPT).
 
         Why batched by default: on one ToT step (bench `tot-step`: 9 thought + 9 value sequences,
-        Qwen2.5-Coder 0.5B/1.5B, fp32, 2-core CPU, greedy, medians of 3) batched SEED took 102.7 s
-        and the paper's execution 131.9 s (1.28x), with identical tokens: a forward over m rows
+        Qwen2.5-Coder 0.5B/1.5B, fp32, 2-core CPU, greedy, medians of 3) batched SEED took 70.2 s
+        and the paper's execution 127.1 s (1.81x; 102.7 s vs 131.9 s before the shared-prefix
+        prefill and the one CPU forward thread), with identical tokens: a forward over m rows
         costs far less than m one-row forwards, on a CPU (see the issue-10 cost table) and more so
         on a GPU, where a target forward stays memory-bound up to hundreds of tokens. Explicit
         numbers are kept as given; a batched number on an ALiBi model is refused (`_check_attention`)."""
