@@ -10,7 +10,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from .kv_cache import KVCache, layout_of
+from .kv_cache import layout_of
 from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config

@@ -24,6 +24,7 @@ import torch
 from . import row_attention
 from .kv_cache import KVCache, layout_of
 from .masks import UnsupportedAttention
+from .speculative import extend
 
 # Shorter common stretches are scored with each prompt: a separate forward costs more than the
 # tokens it saves (one 1.5B forward of 1 token costs about as much as 3 tokens on the 2-core CPU).
@@ -37,13 +38,6 @@ class PrefillCost:
     forwards: float = 0.0
     busy_s: float = 0.0
     tokens: float = 0.0  # prompt tokens scored on this prompt's behalf (shared ones split the same way)
-
-
-def _extend(model, kv: KVCache, tokens: list[int]) -> None:
-    """Score `tokens` after kv's committed history and commit them (a chain)."""
-    if tokens:
-        kv.forward(model, tokens, [i - 1 for i in range(len(tokens))], logits_to_keep=1)
-    kv.commit(list(range(len(kv.parents))))
 
 
 def _can_share(model) -> bool:
@@ -81,7 +75,7 @@ def prefill_prompts(model, prompts: list[list[int]]) -> tuple[list[KVCache], lis
 
     def score(kv: KVCache, tokens: list[int], owners: list[int]) -> None:
         start = time.perf_counter()
-        _extend(model, kv, tokens)
+        extend(model, kv, tokens)
         spent = time.perf_counter() - start
         for i in owners:
             costs[i].forwards += bool(tokens) / len(owners)

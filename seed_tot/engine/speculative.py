@@ -31,8 +31,14 @@ def _chain_parents(n: int) -> list[int]:
 @torch.inference_mode()
 def prefill(model, kv, prompt: list[int]) -> None:
     """Put all but the last prompt token in the cache; the last one is scored with the first round."""
-    if len(prompt) > 1:
-        kv.forward(model, prompt[:-1], _chain_parents(len(prompt) - 1), logits_to_keep=1)
+    extend(model, kv, prompt[:-1])
+
+
+@torch.inference_mode()
+def extend(model, kv, tokens: list[int]) -> None:
+    """Score `tokens` after kv's committed history as a chain and commit them (prefill, shared stretches)."""
+    if tokens:
+        kv.forward(model, tokens, _chain_parents(len(tokens)), logits_to_keep=1)
     kv.commit(list(range(len(kv.parents))))
 
 
