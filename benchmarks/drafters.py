@@ -68,19 +68,21 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     base = Engine.from_pretrained(target=args.target, load_draft=False)
-    drafts = {"self": truncated_draft(base.target, args.self_layers)}
+    # drafters are built, and their engines run, on the base engine's forward thread: one OpenMP team
+    drafts = {"self": base.on_forward_thread(truncated_draft, base.target, args.self_layers)}
     for item in args.drafter:
         name, _, path = item.partition("=")
         if not path:
             ap.error(f"--drafter {item!r}: expected NAME=DIR")
-        drafts[name] = load_drafter(path, base.target, base.target_name)
+        drafts[name] = base.on_forward_thread(load_drafter, path, base.target, base.target_name)
         if args.whole_vocab_too and drafts[name].draft_vocab_size:  # the same weights scoring every token
-            drafts[f"{name}-allvocab"] = load_drafter(path, base.target, base.target_name, draft_vocab=False)
+            drafts[f"{name}-allvocab"] = base.on_forward_thread(load_drafter, path, base.target, base.target_name,
+                                                                draft_vocab=False)
     if args.only:
         keep = set(args.only.split(","))
         drafts = {n: d for n, d in drafts.items() if n in keep}
-    engines = {n: Engine(base.target, d, base.tokenizer, target_name=base.target_name, draft_name=n)
-               for n, d in drafts.items()}
+    engines = {n: Engine(base.target, d, base.tokenizer, target_name=base.target_name, draft_name=n,
+                         forward_thread=base.forward_thread) for n, d in drafts.items()}
 
     params = SamplingParams(max_new_tokens=args.max_new_tokens or 64, temperature=args.temperature,
                             top_k=args.top_k, seed=args.seed)

@@ -1,5 +1,5 @@
 """On a CPU every forward of an engine (prefill, drafts, verification, every mode, concurrent callers)
-runs on the engine's one forward thread (engine/forward_thread.py says why)."""
+runs on the engine's one forward thread, which also loads its models (engine/forward_thread.py says why)."""
 from __future__ import annotations
 
 import threading
@@ -31,6 +31,28 @@ def test_every_forward_of_a_cpu_engine_runs_on_its_one_forward_thread(mode, batc
     with ThreadPoolExecutor(2) as callers:  # two callers at once, as `solve --concurrency 2`
         list(callers.map(lambda _: engine.generate(prompts, params, mode=mode, **batches), range(2)))
     assert len(log.threads) == 1 and threading.get_ident() not in log.threads
+
+
+def test_from_pretrained_loads_the_models_on_the_thread_that_runs_their_forwards(tiny_model_dirs, monkeypatch):
+    import seed_tot.engine.engine as engine_module
+
+    loaded_on: set[int] = set()
+    real_load = engine_module.load_model
+
+    def load_and_note_thread(*args, **kwargs):
+        loaded_on.add(threading.get_ident())
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_model", load_and_note_thread)
+    target_dir, draft_dir = tiny_model_dirs
+    engine = Engine.from_pretrained(target=target_dir, draft=draft_dir, device="cpu")
+    log = ThreadLog(engine.target, engine.draft)
+    engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=4, temperature=0), mode="sd")
+    assert len(loaded_on) == 1 and loaded_on == log.threads and threading.get_ident() not in loaded_on
+    # an engine over the same models shares the thread; so does work handed to it
+    other = Engine(engine.target, engine.draft, engine.tokenizer, forward_thread=engine.forward_thread)
+    other.generate([[3, 4, 5]], SamplingParams(max_new_tokens=4, temperature=0), mode="seed")
+    assert log.threads == loaded_on == {other.on_forward_thread(threading.get_ident)}
 
 
 def test_a_forward_thread_runs_nested_calls_inline_instead_of_deadlocking():

@@ -26,7 +26,7 @@ class Engine:
     """A target model, an optional draft model sharing its vocabulary, and a tokenizer."""
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
-                 target_name: str = "target", draft_name: str = "draft"):
+                 target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
         self.tokenizer = tokenizer
@@ -49,7 +49,7 @@ class Engine:
         self._background_lock = threading.Lock()
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
-        self.forward_thread = ForwardThread() if torch.device(device).type == "cpu" else None
+        self.forward_thread = (forward_thread or ForwardThread()) if torch.device(device).type == "cpu" else None
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
@@ -60,8 +60,16 @@ class Engine:
         (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
         draft="self" asks for those layers by name. A draft directory from `seed-tot train-drafter` is
         a drafter trained for this target (else an error).
-        load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory)."""
+        load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
+        On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
         dev = resolve_device(device)
+        if dev.type != "cpu":
+            return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
+        thread = ForwardThread()
+        return thread.call(cls._load, target, draft, dev, dtype, draft_layers, load_draft, thread)
+
+    @classmethod
+    def _load(cls, target, draft, dev, dtype, draft_layers, load_draft, forward_thread) -> "Engine":
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         target = target or default_target()
@@ -75,7 +83,8 @@ class Engine:
         if not load_draft:
             if draft is not None:
                 log.info("not loading draft %s: the requested mode runs the target alone", draft)
-            return cls(target_model, None, tokenizer, target_name=target, draft_name="none")
+            return cls(target_model, None, tokenizer, target_name=target, draft_name="none",
+                       forward_thread=forward_thread)
         shipped = shipped_drafter_for(target_model) if draft is None else None
         if shipped is not None:
             draft_model, draft_name = load_drafter(shipped, target_model, target), f"shipped:{shipped.name}"
@@ -85,7 +94,15 @@ class Engine:
             draft_model, draft_name = load_drafter(draft, target_model, target), draft
         else:
             draft_model, draft_name = load_model(draft, dev, dtype), draft
-        return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name)
+        return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name,
+                   forward_thread=forward_thread)
+
+    def on_forward_thread(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) where this engine runs its forwards: its forward thread on a CPU (build or
+        train models that share its weights there; forward_thread.py says why), here on a GPU."""
+        if self.forward_thread is None:
+            return fn(*args, **kwargs)
+        return self.forward_thread.call(fn, *args, **kwargs)
 
     def _seed_loop(self) -> "_BackgroundLoop":
         """The event loop on which synchronous seed and parallel calls run: one per engine, so that calls

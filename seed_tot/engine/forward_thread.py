@@ -1,18 +1,27 @@
-"""On a CPU, one thread runs every model forward of an engine.
+"""On a CPU, one thread runs every model forward of an engine, and loads its models too.
 
-torch runs a forward's kernels on an OpenMP team that belongs to the calling thread, and a team's
-threads spin between the thousands of small parallel regions of a decode step. When a second thread
-runs forwards as well (SEED's target thread beside the event loop that prefilled, draft threads
-beside the verifier), two teams compete for the same cores and every forward slows down. Measured on
-the 2-core CPU (SmolLM2-135M, 16 rows of ~620 tokens, one decode forward): 190 ms when one thread
-ran all forwards, 490 ms once a second thread had run forwards too, and 550 ms per step inside the
-scheduler, which prefilled on its loop thread and decoded on its target thread.
+torch runs a forward's kernels on a libgomp (OpenMP) team that belongs to the calling thread, and the
+team's workers spin between the thousands of small parallel regions of a decode step. libgomp counts
+the workers of every team in the process, idle ones included, and once they outnumber the CPUs it
+cuts that spinning to about 100 iterations ("throttled"), so every region pays a futex wake-up. So a
+second thread that has ever run a parallel region slows the first one down, even while it sleeps.
+Measured on the 2-core CPU:
+- SmolLM2-135M, 16 rows of ~620 tokens, one decode forward: 190 ms when one thread ran all forwards,
+  490 ms once a second thread had too; 550 ms per step inside a scheduler that prefilled on its loop
+  thread and decoded on its target thread.
+- The `thoughts` workload on the embedded default (3 runs each, one process per variant): ar 22.6 s
+  and sd 18.3 s when the models loaded on the main thread and the forwards ran on this thread; ar
+  17.4 s and sd 13.2 s once they loaded here too. Loading dequantizes and copies tensors in parallel
+  regions, which leaves the loading thread a team.
 
-So an engine whose target is on the CPU owns one `ForwardThread`, and everything that runs a forward
-goes through it: prefill, draft rounds, verification, and the serial modes (ar, sd, mcsd). On a
-GPU the roles keep their own threads, each issuing kernels on its own CUDA stream, so that drafting
-and verification overlap on the device (the SEED paper's point); on two CPU cores they could not
-overlap usefully anyway, since each forward already uses both cores.
+So an engine whose target is on the CPU owns one `ForwardThread`, and everything that runs torch
+work on its models goes through it: loading (`Engine.from_pretrained`, synthetic engines), prefill,
+draft rounds, verification, the serial modes (ar, sd, mcsd), and drafter training
+(`engine.on_forward_thread`). Engines over the same models share it (`Engine(..., forward_thread=)`).
+An Engine built from models the caller loaded on its own thread still works, only slower. On a GPU
+the roles keep their own threads, each issuing kernels on its own CUDA stream, so that drafting and
+verification overlap on the device (the SEED paper's point); on two CPU cores they could not overlap
+usefully anyway, since each forward already uses both cores.
 """
 from __future__ import annotations
 

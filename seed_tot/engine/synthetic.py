@@ -195,6 +195,7 @@ def build_model(spec: dict[str, Any], device: torch.device, dtype: torch.dtype, 
 def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device = "auto",
                            dtype: torch.dtype | str | None = None, seed: int = 0) -> Engine:
     """An Engine over random models of the preset's real shapes, with oracle acceptance `alpha`."""
+    from .forward_thread import ForwardThread
     from .models import resolve_device
 
     if preset not in PRESETS:
@@ -207,12 +208,16 @@ def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device
     if target_spec["vocab_size"] != draft_spec["vocab_size"]:
         raise ValueError(f"preset {preset}: target and draft vocabularies differ")
     log.info("building synthetic %s on %s (%s), alpha %.2f", preset, dev, dtype, alpha)
-    target = OracleLM(build_model(target_spec, dev, dtype, seed), "target")
-    draft = OracleLM(build_model(draft_spec, dev, dtype, seed + 1), "draft", alpha)
+    # on a CPU the models are built on the engine's forward thread (forward_thread.py says why)
+    thread = ForwardThread() if dev.type == "cpu" else None
+    build = thread.call if thread is not None else (lambda fn, *args: fn(*args))
+    target = OracleLM(build(build_model, target_spec, dev, dtype, seed), "target")
+    draft = OracleLM(build(build_model, draft_spec, dev, dtype, seed + 1), "draft", alpha)
     vocab = target_spec["vocab_size"]
     return Engine(target, draft, SyntheticTokenizer(vocab), vocab_size=vocab,
                   target_name=f"synthetic {preset.split('+')[0]} (random weights, oracle)",
-                  draft_name=f"synthetic {preset.split('+')[-1]} (random weights, oracle alpha={alpha:g})")
+                  draft_name=f"synthetic {preset.split('+')[-1]} (random weights, oracle alpha={alpha:g})",
+                  forward_thread=thread)
 
 
 def expected_acceptance(alpha: float, k_config: tuple[int, ...]) -> float:

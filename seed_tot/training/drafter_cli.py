@@ -60,6 +60,22 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
                           vocab_size, vocab_examples, seed):
     """Generate the target's responses to the project's own prompts, train the drafter on them (progress
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
+    from seed_tot import Engine
+
+    if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
+        raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
+                                 f"(e.g. gsm8k/train.jsonl)", param_hint="--data")
+    engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
+    # everything else runs where the engine runs its forwards (its forward thread on a CPU): generating the
+    # data, building the vocabulary, training and measuring share one OpenMP team (forward_thread.py says why)
+    engine.on_forward_thread(_generate_and_train, engine, method, target, data_file, k, layers, steps, out_dir,
+                             tasks, max_examples, heldout, max_new_tokens, temperature, context, seed, gen_batch,
+                             batch, lr, max_groups, vocab_size, vocab_examples)
+
+
+def _generate_and_train(engine, method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
+                        max_new_tokens, temperature, context, seed, gen_batch, batch, lr, max_groups, vocab_size,
+                        vocab_examples) -> None:
     import time
 
     import torch
@@ -68,19 +84,14 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
 
     from seed_tot import Engine, SamplingParams
     from seed_tot.engine.drafters import ParallelDrafter, save_drafter
-    from seed_tot.tasks.loading import load_records
-
     from seed_tot.engine.drafters.draft_vocab import coverage, frequent_tokens
+    from seed_tot.tasks.loading import load_records
 
     from .drafter_data import generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
     from .vocab_cli import records_tokens, special_ids
 
-    if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
-        raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
-                                 f"(e.g. gsm8k/train.jsonl)", param_hint="--data")
     out = Path(out_dir)
-    engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     records = load_records(data_file, required=("question",), limit=max_examples)
     prompts = engine.encode(task_prompts(engine, records, tasks, seed))
@@ -137,7 +148,7 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
                                progress=progress)
     train_s = time.perf_counter() - train_start
     # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
-    tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer), [p[-context:] for p in held_prompts], k + 1,
+    tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer, forward_thread=engine.forward_thread), [p[-context:] for p in held_prompts], k + 1,
                       min(max_new_tokens, 64))
     training = {**data_meta, "method": method, "steps": result.steps, "batch": batch, "lr": lr, "max_groups": max_groups,
                 "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
