@@ -110,8 +110,14 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     prompt = engine.encode(["Tom has"])[0]
     generated = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode="seed")[0]
     assert generated.token_ids == reference_greedy(engine.target, prompt, 10)
-    again = CliRunner().invoke(main, args)  # rerun: cached data, resumed at the last step
+    # rerun with soft labels: cached data, resumed at the last step, the target's T=1 distributions computed,
+    # acceptance measured at T=1 too and both in the card
+    again = CliRunner().invoke(main, args + ["--distill-temperature", "1.0"])
     assert again.exit_code == 0 and "reusing 5 cached samples" in again.output, again.output
+    sampled = json.loads(again.stdout[again.stdout.index("{"):])["heldout_sampled"]
+    assert sampled["temperature"] == 1.0 and sampled["tau"] >= 1.0
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "distributions at T=1" in card and "--distill-temperature 1" in card and f"At T=1: tau {sampled['tau']:.2f}" in card
 
 
 def test_train_drafter_refuses_a_test_split(tmp_path):
@@ -145,3 +151,70 @@ def test_value_prompts_for_drafter_data_are_the_ones_a_tot_step_evaluates_built_
     assert sorted(prompts) == sorted(expected)
     with pytest.raises(ValueError, match="answer"):
         task_prompts(Renderer, [{"question": "q"}], ("gsm8k_value",))
+
+
+def test_soft_labels_are_the_targets_tempered_distribution_at_each_response_position():
+    from seed_tot.training.soft_labels import target_soft_labels
+
+    target = tiny_model("llama", seed=11)
+    sample = toy_samples()[0]
+    (labels,) = target_soft_labels(target, [sample], temperature=0.7, top_k=5)
+    with torch.no_grad():
+        logits = target(torch.tensor([sample.tokens])).logits[0].float()
+    p = torch.softmax(logits / 0.7, dim=-1)[sample.start - 1: len(sample.tokens) - 1]
+    top = p.topk(5, dim=-1)
+    assert labels.offset == sample.start - 1 and labels.ids.shape == (len(sample.tokens) - sample.start, 5)
+    assert torch.equal(labels.ids, top.indices)
+    torch.testing.assert_close(labels.probs, top.values / top.values.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_one_hot_soft_labels_give_exactly_the_hard_label_loss(draft_vocab):
+    from seed_tot.training.drafter_train import sample_loss
+    from seed_tot.training.soft_labels import SoftLabels
+
+    target = tiny_model("llama", seed=11)
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=2, n_layers=1)
+    sample = toy_samples()[0]
+    if draft_vocab:  # three of the sequence's tokens outside: both losses skip them
+        drafter.set_draft_vocab(torch.tensor(sorted(set(sample.tokens))[:-3]))
+    following = torch.tensor(sample.tokens[sample.start:])[:, None]  # position start-1+i predicts token start+i
+    one_hot = SoftLabels(sample.start - 1, following, torch.ones(len(following), 1))
+    hard, hard_stats = sample_loss(drafter, sample, None, torch.Generator().manual_seed(0))
+    soft, soft_stats = sample_loss(drafter, sample, None, torch.Generator().manual_seed(0), one_hot)
+    torch.testing.assert_close(soft, hard)
+    assert (soft_stats.count, soft_stats.correct, soft_stats.total) == (hard_stats.count, hard_stats.correct,
+                                                                        hard_stats.total)
+
+
+def test_training_on_soft_labels_brings_the_drafters_q_toward_the_targets_p(tmp_path):
+    from torch.nn import functional as F
+
+    from seed_tot.training.drafter_train import group_batch
+    from seed_tot.training.soft_labels import target_soft_labels
+
+    target = tiny_model("llama", seed=11)
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=1, n_layers=1)
+    samples = toy_samples()
+    soft = target_soft_labels(target, samples, temperature=0.5, top_k=VOCAB)  # every token: p exactly
+
+    def kl_to_target() -> float:  # KL(p || q) of q_1 (the real token's slot) over the first sample
+        s = samples[0]
+        anchors = list(range(s.start - 1, len(s.tokens) - 1))
+        batch = group_batch(drafter, s.tokens, anchors)
+        with torch.no_grad():
+            hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
+            log_q = F.log_softmax(drafter.full_head(hidden[0, batch.rows[:, 0]]).float(), dim=-1)
+        p = torch.zeros(len(anchors), log_q.shape[-1]).scatter_(1, soft[0].ids, soft[0].probs)
+        return float((p * (p.clamp_min(1e-12).log() - log_q)).sum(-1).mean())
+
+    before = kl_to_target()
+    initial = {name: value.clone() for name, value in drafter.state_dict().items()}
+    train_drafter(drafter, samples, steps=40, out=tmp_path / "soft", batch=2, lr=3e-3, max_groups=16, soft_labels=soft)
+    soft_kl = kl_to_target()
+    drafter.load_state_dict(initial)  # the same start and steps on the responses' tokens (hard labels)
+    train_drafter(drafter, samples, steps=40, out=tmp_path / "hard", batch=2, lr=3e-3, max_groups=16)
+    hard_kl = kl_to_target()
+    assert soft_kl < 0.7 * before and soft_kl < hard_kl, (before, soft_kl, hard_kl)

@@ -55,6 +55,20 @@ def test_from_pretrained_loads_the_models_on_the_thread_that_runs_their_forwards
     assert log.threads == loaded_on == {other.on_forward_thread(threading.get_ident)}
 
 
+@pytest.mark.parametrize("mode", ["parallel", "seed", "sd"])
+def test_generate_from_work_on_the_forward_thread_runs_inline_instead_of_deadlocking(mode):
+    target = tiny_model("llama", seed=4)
+    draft = noisy_copy(target, 0.01)
+    log = ThreadLog(target, draft)
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    prompts = [[3, 17, 4, 9, 22], [8, 1, 60]]
+    alone = engine.generate(prompts, params, mode=mode)
+    inside = engine.on_forward_thread(engine.generate, prompts, params, mode=mode)  # as train-drafter does
+    assert [r.token_ids for r in inside] == [r.token_ids for r in alone]
+    assert log.threads == {engine.on_forward_thread(threading.get_ident)}
+
+
 def test_a_forward_thread_runs_nested_calls_inline_instead_of_deadlocking():
     thread = ForwardThread()
     outer = thread.call(lambda: (threading.get_ident(), thread.call(threading.get_ident)))

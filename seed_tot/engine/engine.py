@@ -163,8 +163,14 @@ class Engine:
                 pass
             else:
                 raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
-            return self._seed_loop().run(self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch,
-                                                        draft_policy, policy_options, draft_batch))
+            call = self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch, draft_policy,
+                                  policy_options, draft_batch)
+            if self.forward_thread is not None and self.forward_thread.on_thread():
+                # called from work running on the forward thread (engine.on_forward_thread, e.g. drafter
+                # training): the background loop would wait for this thread, which waits for it. A loop
+                # of its own here runs every forward inline instead (ForwardThread.submit does so here)
+                return asyncio.run(call)
+            return self._seed_loop().run(call)
         if self.forward_thread is not None:
             return self.forward_thread.call(self._generate_unscheduled, prompts, params, mode, k_config, verify_batch,
                                             draft_policy, policy_options)

@@ -42,6 +42,9 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Target response length.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Of the target's responses (0 = greedy).")
+@click.option("--distill-temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Train against the target's distributions at this temperature (soft labels, for sampled "
+                   "decoding) instead of its responses' tokens (0).")
 @click.option("--gen-batch", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts per batched target call.")
 @click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences per training step.")
 @click.option("--max-groups", type=click.IntRange(min=1), default=64, show_default=True,
@@ -56,8 +59,8 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
               help="Train records whose prompts and solutions fill the draft vocabulary past the responses' own tokens.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
-                          max_new_tokens, temperature, gen_batch, batch, max_groups, context, lr, device, dtype,
-                          vocab_size, vocab_examples, seed):
+                          max_new_tokens, temperature, distill_temperature, gen_batch, batch, max_groups, context, lr,
+                          device, dtype, vocab_size, vocab_examples, seed):
     """Generate the target's responses to the project's own prompts, train the drafter on them (progress
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
     from seed_tot import Engine
@@ -70,12 +73,12 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     # data, building the vocabulary, training and measuring share one OpenMP team (forward_thread.py says why)
     engine.on_forward_thread(_generate_and_train, engine, method, target, data_file, k, layers, steps, out_dir,
                              tasks, max_examples, heldout, max_new_tokens, temperature, context, seed, gen_batch,
-                             batch, lr, max_groups, vocab_size, vocab_examples)
+                             batch, lr, max_groups, vocab_size, vocab_examples, distill_temperature)
 
 
 def _generate_and_train(engine, method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
                         max_new_tokens, temperature, context, seed, gen_batch, batch, lr, max_groups, vocab_size,
-                        vocab_examples) -> None:
+                        vocab_examples, distill_temperature) -> None:
     import time
 
     import torch
@@ -89,6 +92,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
 
     from .drafter_data import generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
+    from .soft_labels import target_soft_labels
     from .vocab_cli import records_tokens, special_ids
 
     out = Path(out_dir)
@@ -138,6 +142,12 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
             source += f", then the most frequent of {len(counted)} {Path(data_file).name} records' prompts and solutions"
         drafter.set_draft_vocab(ids)
         vocab_record = {"source": source, "coverage": round(coverage(ids, responses), 4)}
+    soft, soft_s = None, 0.0
+    if distill_temperature:  # the target's own distributions at the responses' positions (soft_labels.py)
+        soft_start = time.perf_counter()
+        with tqdm(total=len(samples), desc=f"target distributions at T={distill_temperature:g}", unit="sample") as bar:
+            soft = target_soft_labels(engine.target, samples, distill_temperature, progress=bar.update)
+        soft_s = time.perf_counter() - soft_start
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
         def progress(step: int, loss: float, accuracy: list[float]) -> None:
@@ -145,25 +155,28 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
             bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
             bar.refresh()
         result = train_drafter(drafter, samples, steps, out, batch=batch, lr=lr, max_groups=max_groups, seed=seed,
-                               progress=progress)
+                               progress=progress, soft_labels=soft)
     train_s = time.perf_counter() - train_start
     # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
-    tau = heldout_tau(Engine(engine.target, drafter, engine.tokenizer, forward_thread=engine.forward_thread), [p[-context:] for p in held_prompts], k + 1,
-                      min(max_new_tokens, 64))
+    measured = Engine(engine.target, drafter, engine.tokenizer, forward_thread=engine.forward_thread)
+    held = [p[-context:] for p in held_prompts]
+    tau = heldout_tau(measured, held, k + 1, min(max_new_tokens, 64))
+    sampled = heldout_tau(measured, held, k + 1, min(max_new_tokens, 64), distill_temperature) if distill_temperature else None
     training = {**data_meta, "method": method, "steps": result.steps, "batch": batch, "lr": lr, "max_groups": max_groups,
                 "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
                 "samples": len(samples), "response_tokens": response_tokens,
-                "generate_minutes": gen_s / 60, "train_minutes": train_s / 60}
+                "generate_minutes": gen_s / 60, "train_minutes": train_s / 60,
+                "distill_temperature": distill_temperature, "soft_label_minutes": soft_s / 60, "heldout_sampled": sampled}
     save_drafter(drafter, out, engine.target, engine.target_name, training, vocab_record)
     command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
                f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
-               f"--max-new-tokens {max_new_tokens}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
+               f"--max-new-tokens {max_new_tokens}", f"--distill-temperature {distill_temperature:g}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
                f"--seed {seed}", f"--out {out}"]
     if target:
         command.insert(2, f"--target {target}")
     (out / "MODEL_CARD.md").write_text(model_card(method, k, layers, training, " ".join(command), vocab_record and {"size": drafter.draft_vocab_size, **vocab_record}), encoding="utf-8")
     click.echo(json.dumps({"drafter": str(out), "method": method, "k": drafter.n_masks, "layers": layers,
-                           "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau,
+                           "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau, "heldout_sampled": sampled,
                            "weights_mb": (out / "drafter.safetensors").stat().st_size / 2**20}, indent=2))
 
 
@@ -175,6 +188,24 @@ def vocab_line(vocab: dict | None) -> str:
             f"these, the target still verifies over all tokens.\n")
 
 
+def distill_line(training: dict) -> str:
+    from .soft_labels import DEFAULT_TOP_K
+
+    if not training.get("distill_temperature"):
+        return ""
+    return (f"- **Labels**: the target's own distributions at T={training['distill_temperature']:g} (top {DEFAULT_TOP_K} tokens per "
+            f"position, soft cross-entropy; the loss includes their entropy), computed in "
+            f"{training['soft_label_minutes']:.1f} min.\n")
+
+
+def sampled_line(training: dict) -> str:
+    held = training.get("heldout_sampled")
+    if not held:
+        return ""
+    return (f" At T={held['temperature']:g}: tau {held['tau']:.2f}, {held['acceptance']:.1%} accepted "
+            f"({held['tokens']} tokens).")
+
+
 def model_card(method: str, k: int, layers: int, training: dict, command: str, vocab: dict | None = None) -> str:
     """A short model card from the training record: what the drafter is, its data, cost and tau."""
     held = training["heldout"]
@@ -184,6 +215,6 @@ def model_card(method: str, k: int, layers: int, training: dict, command: str, v
 - **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
 - **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['max_examples']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens, the last {training['heldout']['prompts']} prompts held out.
 - **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
-{vocab_line(vocab)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.
+{vocab_line(vocab)}{distill_line(training)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.{sampled_line(training)}
 - **Reproduce**: `{command}`
 """

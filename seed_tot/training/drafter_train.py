@@ -93,6 +93,16 @@ class StepStats:
     total: list[int]
 
 
+def _draft_rows(drafter, device) -> torch.Tensor | None:
+    """token id -> the row of the draft vocabulary that scores it (IGNORE outside it); None without one."""
+    head = drafter.trimmed_head
+    if head is None:
+        return None
+    lookup = torch.full((head.weight.shape[0],), IGNORE, dtype=torch.long, device=device)
+    lookup[head.token_ids.to(device)] = torch.arange(head.token_ids.numel(), device=device)
+    return lookup
+
+
 def _scored(drafter, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and labels over what the drafter drafts from: with a draft vocabulary (draft_vocab.py) only
     its rows, as at inference, where q is the softmax over them (a label outside it becomes IGNORE: it
@@ -101,15 +111,15 @@ def _scored(drafter, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     head = drafter.trimmed_head
     if head is None:
         return drafter.full_head(hidden).float(), labels
-    lookup = torch.full((head.weight.shape[0],), IGNORE, dtype=torch.long, device=labels.device)
-    lookup[head.token_ids.to(labels.device)] = torch.arange(head.token_ids.numel(), device=labels.device)
-    return F.linear(hidden, head.rows, head.bias).float(), lookup[labels]
+    return F.linear(hidden, head.rows, head.bias).float(), _draft_rows(drafter, labels.device)[labels]
 
 
-def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torch.Generator
+def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torch.Generator, soft=None
                 ) -> tuple[torch.Tensor | None, StepStats]:
     """Summed cross-entropy over the sample's labelled group positions, and per-position accuracy
-    (a label the draft vocabulary lacks counts as a miss)."""
+    (a label the draft vocabulary lacks counts as a miss). soft: the target's distributions at the
+    sample's positions (soft_labels.SoftLabels); the cross-entropy is then against them, not against
+    the response's tokens (accuracy still counts the response's tokens)."""
     k = drafter.n_masks
     anchors = anchors_of(sample, max_groups, generator)
     if not anchors:
@@ -120,12 +130,19 @@ def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torc
     hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
     picked = hidden[0, batch.rows[valid].to(hidden.device)]
     logits, labels = _scored(drafter, picked, batch.labels[valid].to(picked.device))
-    scored = labels != IGNORE
-    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
-    hits = ((logits.argmax(-1) == labels) & scored).cpu()
+    hits = ((logits.argmax(-1) == labels) & (labels != IGNORE)).cpu()
     slot = torch.arange(k + 1).expand_as(batch.labels)[valid]
     correct = torch.bincount(slot[hits], minlength=k + 1).tolist()
     total = torch.bincount(slot, minlength=k + 1).tolist()
+    if soft is None:
+        scored = labels != IGNORE
+        loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+    else:  # group t's slot j predicts the token after position t + j
+        from .soft_labels import dense_targets
+
+        positions = (torch.tensor(anchors)[:, None] + torch.arange(k + 1))[valid]
+        targets, scored = dense_targets(soft, positions, _draft_rows(drafter, "cpu"), logits.shape[-1])
+        loss = -(targets.to(logits.device) * F.log_softmax(logits[scored.to(logits.device)], dim=-1)).sum()
     if not bool(scored.any()):
         return None, StepStats(0.0, 0, [0] * (k + 1), total)
     return loss, StepStats(float(loss.detach()), int(scored.sum()), correct, total)
@@ -139,9 +156,13 @@ class TrainResult:
 
 
 def train_drafter(drafter, samples: list[Sample], steps: int, out: Path, batch: int = 8, lr: float = 5e-4,
-                  max_groups: int | None = 64, seed: int = 0, checkpoint_every: int = 50, progress=None) -> TrainResult:
+                  max_groups: int | None = 64, seed: int = 0, checkpoint_every: int = 50, progress=None,
+                  soft_labels: list | None = None) -> TrainResult:
     """AdamW on the drafter's own parameters (the shared embeddings and head stay frozen), resuming
-    from out/checkpoint.pt when present. progress(step, loss, accuracies) after every step."""
+    from out/checkpoint.pt when present. progress(step, loss, accuracies) after every step.
+    soft_labels: per sample, the target's distributions to train against (soft_labels.py)."""
+    if soft_labels is not None and len(soft_labels) != len(samples):
+        raise ValueError(f"{len(soft_labels)} soft labels for {len(samples)} samples")
     if not samples:
         raise ValueError("no training samples")
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -160,7 +181,8 @@ def train_drafter(drafter, samples: list[Sample], steps: int, out: Path, batch: 
         stats = StepStats(0.0, 0, [0] * (k + 1), [0] * (k + 1))
         losses = []
         for i in idx:
-            loss, s = sample_loss(drafter, samples[i], max_groups, generator)
+            loss, s = sample_loss(drafter, samples[i], max_groups, generator,
+                                  soft_labels[i] if soft_labels is not None else None)
             if loss is not None:
                 losses.append(loss)
             stats = _add(stats, s)
@@ -188,15 +210,16 @@ def _accuracy(stats: StepStats) -> list[float]:
 
 
 @torch.inference_mode()
-def heldout_tau(engine, prompts: list[list[int]], depth: int, max_new_tokens: int) -> dict:
-    """Held-out acceptance of the engine's drafter, greedy sd with chains of `depth`: tau = tokens per
-    target verification (the paper's average acceptance length) and accepted / drafted."""
+def heldout_tau(engine, prompts: list[list[int]], depth: int, max_new_tokens: int, temperature: float = 0.0) -> dict:
+    """Held-out acceptance of the engine's drafter, sd with chains of `depth` (greedy unless a
+    temperature is given): tau = tokens per target verification (the paper's average acceptance
+    length) and accepted / drafted."""
     from seed_tot import SamplingParams
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     results = engine.generate(prompts, params, mode="sd", k_config=(1,) * depth)
     tokens = sum(r.stats.new_tokens for r in results)
     rounds = sum(r.stats.verifications for r in results)
     drafted = sum(r.stats.draft_depth for r in results)
     return {"tau": tokens / max(rounds, 1), "acceptance": sum(r.stats.accepted for r in results) / max(drafted, 1),
-            "prompts": len(prompts), "tokens": tokens, "depth": depth}
+            "prompts": len(prompts), "tokens": tokens, "depth": depth, "temperature": temperature}
