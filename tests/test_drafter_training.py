@@ -120,6 +120,34 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     assert "distributions at T=1" in card and "--distill-temperature 1" in card and f"At T=1: tau {sampled['tau']:.2f}" in card
 
 
+def test_train_drafter_with_target_features_writes_a_drafter_that_reads_them(tmp_path, tiny_model_dirs):
+    from seed_tot.cli import main
+
+    target_dir, _ = tiny_model_dirs
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"question": q}) for q in [
+        "Tom has 3 apples. He buys 4 more. How many apples does he have?",
+        "Sara reads 5 pages a day. How many pages does she read in a week?"]) + "\n")
+    out = tmp_path / "drafter"
+    args = ["train-drafter", "--target", target_dir, "--data", str(data), "--k", "2", "--steps", "2", "--out", str(out),
+            "--tasks", "gsm8k", "--heldout", "1", "--max-new-tokens", "6", "--context", "32", "--max-groups", "4",
+            "--device", "cpu", "--target-features"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "drafter.json").read_text())
+    assert config["target_features"] is True and config["training"]["target_features"] is True
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "--target-features" in card and "final hidden state" in card
+    engine = Engine.from_pretrained(target=target_dir, draft=str(out), device="cpu")
+    assert engine.draft.uses_target_features and engine.target_hidden is not None
+    prompt = engine.encode(["Tom has"])[0]
+    for mode in ("sd", "seed"):
+        generated = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode=mode)[0]
+        assert generated.token_ids == reference_greedy(engine.target, prompt, 10)
+    refused = CliRunner().invoke(main, args[:-1] + ["--method", "autoregressive", "--target-features"])
+    assert refused.exit_code != 0 and "only a parallelspec drafter" in refused.output
+
+
 def test_train_drafter_refuses_a_test_split(tmp_path):
     from seed_tot.cli import main
 

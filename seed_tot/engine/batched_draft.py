@@ -46,8 +46,10 @@ def draft_batch_round(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_siz
         active = [i for i, feed in enumerate(feeds) if feed is not None]
         if not active:
             break
+        features = [feeds[i].features for i in active]
         logits = forward_batch(model, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
-                               [feeds[i].parents for i in active], what="batched drafting (draft_batch > 1)")
+                               [feeds[i].parents for i in active], what="batched drafting (draft_batch > 1)",
+                               features=features if any(f is not None for f in features) else None)
         hidden = {key: capture.take_rows() for key, capture in captures.items()}
         for j, (i, row_logits) in enumerate(zip(active, logits)):
             seqs[i].stats.draft_forwards += 1 / len(active)  # one forward shared by the active rows

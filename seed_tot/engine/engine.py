@@ -18,6 +18,7 @@ from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
 from .shared_prefill import prefill_prompts
 from .speculative import draft_round, verify_round
+from .target_features import FeatureLog, TargetHidden
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class Engine:
             if draft_vocab < self.vocab_size:
                 raise ValueError(f"draft {draft_name} has {draft_vocab} output tokens but target "
                                  f"{target_name} samples over {self.vocab_size}: they must share a vocabulary")
+        # a drafter that reads the target's hidden states gets them from every target forward (target_features.py)
+        self.target_hidden = (TargetHidden.of(self.target) if getattr(self.draft, "uses_target_features", False)
+                              else None)
         eos = getattr(target_model.generation_config, "eos_token_id", None)
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
@@ -253,6 +257,9 @@ class Engine:
         """PipeDec (mode "pipedec") or its baselines ("pp", "stpp") over a target split in `stages`
         pipeline stages, each its own torch.distributed process (see seed_tot.engine.pipeline.api)."""
         from .pipeline.api import generate_pipelined
+        if self.target_hidden is not None and mode != "pp":
+            raise ValueError(f"mode {mode!r} cannot draft with a drafter that reads the target's hidden states "
+                             f"(its stages do not pass them back); use a drafter trained without --target-features")
         return generate_pipelined(self, prompts, params, mode, stages, **options)
 
     def _scheduled(self, mode: str) -> bool:
@@ -325,13 +332,26 @@ class Engine:
         """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
         prompt share its whole prefix KV, prompts with a long common beginning share that."""
         prompts = [seq.prompt for seq in seqs]
-        caches, costs = prefill_prompts(self.target, prompts)
+        reads_features = with_draft and self.target_hidden is not None
+        if reads_features:  # the drafter's prefill reads the target's hidden states of the prompt
+            caches, costs, hidden = prefill_prompts(self.target, prompts, hidden=self.target_hidden)
+        else:
+            caches, costs = prefill_prompts(self.target, prompts)
         for seq, kv, cost in zip(seqs, caches, costs):
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
             seq.stats.target_prefills += cost.forwards
+        features = None
+        if reads_features:
+            features = []
+            for seq, prompt_hidden in zip(seqs, hidden):
+                seq.features = FeatureLog(self.draft.feature_size)
+                if prompt_hidden is not None:
+                    seq.features.put(0, prompt_hidden)
+                features.append(seq.features.slots(0, len(seq.prompt) - 1))
+                seq.features.drop_before(len(seq.prompt) - 2)  # the first round's pending token reads f_{P-2}
         if with_draft:
-            caches, costs = prefill_prompts(self.draft, prompts)
+            caches, costs = prefill_prompts(self.draft, prompts, features=features)
             for seq, kv, cost in zip(seqs, caches, costs):
                 seq.draft = kv
                 seq.stats.draft_prefills += cost.forwards
@@ -347,6 +367,7 @@ class Engine:
         if isinstance(draft_policy, DraftPolicy):
             if policy_options:
                 raise ValueError("policy_options go with a policy name, not with a DraftPolicy object")
+            self._check_feature_policy(draft_policy.name)
             return draft_policy
         if mode not in DRAFTING_MODES:
             if draft_policy not in (None, "fixed") or policy_options:
@@ -354,11 +375,18 @@ class Engine:
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
         name = draft_policy or getattr(self.draft, "default_policy", "fixed")  # a ParallelSpec drafter: parallelspec
+        self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         cache = self.__dict__.setdefault("_policies", {})
         if key not in cache:
             cache[key] = make_policy(name, policy_options, self, shape, params)
         return cache[key]
+
+    def _check_feature_policy(self, name: str) -> None:
+        if self.target_hidden is not None and name != "parallelspec":
+            raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
+                             f"the target's hidden states, which drafted tokens do not have: use the "
+                             f"'parallelspec' policy (the default for it)")
 
     def _run_serial(self, seq: Sequence, mode: str, policy, params: SamplingParams) -> None:
         from .draft_tree import DraftTree

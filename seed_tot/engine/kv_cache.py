@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from . import row_attention
 from .masks import AttentionLayout, build_attention_mask, tree_visibility
 from .query_padding import padded_rows
+from .target_features import padded_features
 from .row_storage import RowCache, RowLayer
 
 
@@ -63,12 +64,16 @@ class KVCache:
             raise RuntimeError("fork a cache only when it has no uncommitted entries")
         return KVCache(RowCache([layer.segments() for layer in self.cache.layers]), self.committed)
 
-    def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
+                features: torch.Tensor | None = None) -> torch.Tensor:
         """Score new entries; parents index the uncommitted entries (old then new), -1 = prefix.
         Returns the logits [len(tokens), V] of the new entries, or of the last `logits_to_keep` of
-        them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model)."""
+        them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model).
+        features: the target's hidden states for the first entries, for a drafter that reads them
+        (target_features.py; the other entries read zeros)."""
         if self.cache.forked and row_attention.install(model):  # read the shared prefix in place
-            logits = forward_batch(model, [self], [tokens], [parents], what="a forked cache")[0]
+            logits = forward_batch(model, [self], [tokens], [parents], what="a forked cache",
+                                   features=None if features is None else [features])[0]
             return logits[-logits_to_keep:] if logits_to_keep else logits
         n_old, n = len(self.parents), len(tokens)
         pad = padded_rows(model, n) - n
@@ -87,6 +92,8 @@ class KVCache:
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+        if features is not None:
+            keep["target_features"] = padded_features([features], len(tokens), model.feature_size, model.dtype, device)
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, past_key_values=self.cache, use_cache=True, **keep)
         self.parents = all_parents
@@ -120,7 +127,8 @@ class KVCache:
         self.copy_s += time.perf_counter() - start
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
-                  what: str = "batched verification (verify_batch > 1)") -> list[torch.Tensor]:
+                  what: str = "batched verification (verify_batch > 1)",
+                  features: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
     """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
@@ -132,7 +140,7 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     layout = layout_of(model)
     layout.check_tree_masks(what)
     if not row_attention.install(model):
-        return _forward_batch_copied(model, layout, caches, tokens, parents)
+        return _forward_batch_copied(model, layout, caches, tokens, parents, features)
     device, dtype = model.device, model.dtype
     windows = row_attention.layer_windows(model, layout)
     n_query = max(len(t) for t in tokens)
@@ -151,9 +159,11 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
                                         masks, windows)
     placeholder = torch.zeros(len(caches), 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
+    extra = {} if features is None else {
+        "target_features": padded_features(features, n_query, model.feature_size, dtype, device)}
     with row_attention.active_batch(batch):
         out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
-                    past_key_values=batch, use_cache=True)
+                    past_key_values=batch, use_cache=True, **extra)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         kv.parents = kv.parents + list(pars)
@@ -162,7 +172,8 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
 
 
 def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
-                          parents: list[list[int]]) -> list[torch.Tensor]:
+                          parents: list[list[int]], features: list[torch.Tensor | None] | None = None
+                          ) -> list[torch.Tensor]:
     """The fallback: every row's history left-padded into one DynamicCache (a copy per call, counted in
     copy_s), one forward with a padded 4D mask, then each row appends its new entries to its storage."""
     device, dtype = model.device, model.dtype
@@ -198,8 +209,10 @@ def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache],
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
     copy_s = time.perf_counter() - copy_start
+    extra = {} if features is None else {
+        "target_features": padded_features(features, n_query, model.feature_size, dtype, device)}
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
-                attention_mask=mask, past_key_values=stacked, use_cache=True)
+                attention_mask=mask, past_key_values=stacked, use_cache=True, **extra)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         for layer_idx, layer in enumerate(stacked.layers):

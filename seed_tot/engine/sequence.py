@@ -7,6 +7,7 @@ import torch
 
 from .kv_cache import KVCache
 from .params import GenerationResult, GenerationStats, SamplingParams
+from .target_features import FeatureLog
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Sequence:
     generator: torch.Generator
     target: KVCache | None = None
     draft: KVCache | None = None
+    features: FeatureLog | None = None  # the target's hidden states, when the drafter reads them
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)

@@ -58,9 +58,13 @@ def _common_length(prompts: list[list[int]]) -> int:
 
 
 @torch.inference_mode()
-def prefill_prompts(model, prompts: list[list[int]]) -> tuple[list[KVCache], list[PrefillCost]]:
+def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor] | None = None,
+                    hidden=None) -> tuple:
     """One committed cache per prompt holding all but its last token (scored with its first round),
-    and what each prompt's prefill cost. Equal prompts get forks of one cache."""
+    and what each prompt's prefill cost. Equal prompts get forks of one cache.
+    For a drafter that reads the target's hidden states (target_features.py): `features[i]` holds
+    what prompt i's entries read ([len - 1, size]); with `hidden` (the target's TargetHidden) a
+    third list holds each prompt's hidden states f_0..f_{len-2} (None for a one-token prompt)."""
     caches: list[KVCache | None] = [None] * len(prompts)
     costs = [PrefillCost() for _ in prompts]
     first_of: dict[tuple[int, ...], int] = {}
@@ -73,9 +77,16 @@ def prefill_prompts(model, prompts: list[list[int]]) -> tuple[list[KVCache], lis
         distinct.append(i)
     share = len(distinct) > 1 and _can_share(model)
 
+    chunks: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden states by prompt, in position order
+
     def score(kv: KVCache, tokens: list[int], owners: list[int]) -> None:
         start = time.perf_counter()
-        extend(model, kv, tokens)
+        at = kv.length  # a shared stretch has the same tokens and positions for every owner
+        extend(model, kv, tokens, None if features is None else features[owners[0]][at: at + len(tokens)])
+        if hidden is not None and tokens:
+            row = hidden.take_rows()[0, : len(tokens)]
+            for i in owners:
+                chunks[i].append(row)
         spent = time.perf_counter() - start
         for i in owners:
             costs[i].forwards += bool(tokens) / len(owners)
@@ -110,4 +121,7 @@ def prefill_prompts(model, prompts: list[list[int]]) -> tuple[list[KVCache], lis
     for i, p in enumerate(prompts):
         if caches[i] is None:
             caches[i] = caches[first_of[tuple(p)]].fork()
-    return caches, costs
+            chunks[i] = chunks[first_of[tuple(p)]]
+    if hidden is None:
+        return caches, costs
+    return caches, costs, [torch.cat(c) if c else None for c in chunks]

@@ -21,6 +21,7 @@ from .policies.base import DraftPolicy
 from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
+from .target_features import TargetHidden
 from .verify import Acceptance, accept_tokens
 
 
@@ -29,16 +30,17 @@ def _chain_parents(n: int) -> list[int]:
 
 
 @torch.inference_mode()
-def prefill(model, kv, prompt: list[int]) -> None:
+def prefill(model, kv, prompt: list[int], features: torch.Tensor | None = None) -> None:
     """Put all but the last prompt token in the cache; the last one is scored with the first round."""
-    extend(model, kv, prompt[:-1])
+    extend(model, kv, prompt[:-1], features)
 
 
 @torch.inference_mode()
-def extend(model, kv, tokens: list[int]) -> None:
-    """Score `tokens` after kv's committed history as a chain and commit them (prefill, shared stretches)."""
+def extend(model, kv, tokens: list[int], features: torch.Tensor | None = None) -> None:
+    """Score `tokens` after kv's committed history as a chain and commit them (prefill, shared stretches).
+    features: their target hidden states, for a drafter that reads them (target_features.py)."""
     if tokens:
-        kv.forward(model, tokens, _chain_parents(len(tokens)), logits_to_keep=1)
+        kv.forward(model, tokens, _chain_parents(len(tokens)), logits_to_keep=1, features=features)
     kv.commit(list(range(len(kv.parents))))
 
 
@@ -55,7 +57,7 @@ def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], par
     rnd = policy.begin(seq, params, vocab_size)
     feed = rnd.first_feed()
     while feed is not None:
-        logits = kv.forward(model, feed.tokens, feed.parents, logits_to_keep=feed.keep)
+        logits = kv.forward(model, feed.tokens, feed.parents, logits_to_keep=feed.keep, features=feed.features)
         seq.stats.draft_forwards += 1
         # the capture holds what reached the head: feed.keep entries (all when 0), then any row padding
         hidden = policy.capture.take()[: feed.keep or len(feed.tokens)] if rnd.needs_hidden else None
@@ -71,10 +73,7 @@ def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], par
 def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
                  node_entry: dict[int, int] | None = None) -> Acceptance:
     """Score pending tokens + tree in one target forward, accept, and commit both caches."""
-    start = time.perf_counter()
-    tokens, parents, n_p = _target_inputs(seq, tree)
-    logits = seq.target.forward(model, tokens, parents)
-    return _accept_and_commit(seq, tree, node_entry, logits, n_p, time.perf_counter() - start, 1, params, vocab_size)
+    return accept_row((seq, tree, node_entry), score_rows(model, [(seq, tree, node_entry)])[0], params, vocab_size)
 
 
 @torch.inference_mode()
@@ -94,6 +93,7 @@ class ScoredRow:
     n_pending: int
     busy_s: float
     rows: int
+    hidden: torch.Tensor | None = None  # the target's hidden states of its entries, when a drafter reads them
 
 
 @torch.inference_mode()
@@ -108,7 +108,10 @@ def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) ->
         all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
                                    [p for _, p, _ in inputs])
     busy = time.perf_counter() - start
-    return [ScoredRow(logits, n_p, busy, len(jobs)) for logits, (_, _, n_p) in zip(all_logits, inputs)]
+    # a drafter that reads the target's hidden states gets them from this forward (target_features.py)
+    hidden = TargetHidden.of(model).take_rows() if any(seq.features is not None for seq, _, _ in jobs) else None
+    return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)])
+            for b, (logits, (tokens, _, n_p)) in enumerate(zip(all_logits, inputs))]
 
 
 @torch.inference_mode()
@@ -116,7 +119,7 @@ def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, 
                vocab_size: int) -> Acceptance:
     seq, tree, node_entry = job
     return _accept_and_commit(seq, tree, node_entry, row.logits, row.n_pending, row.busy_s, row.rows,
-                              params or seq.rule.params, vocab_size)
+                              params or seq.rule.params, vocab_size, row.hidden)
 
 
 def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
@@ -128,11 +131,15 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int]
 
 
 def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
-                       n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int) -> Acceptance:
+                       n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int,
+                       hidden: torch.Tensor | None = None) -> Acceptance:
     """`busy` seconds of one target forward that verified `rows` sequences: this row's share is 1/rows."""
     target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
     acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
-    seq.target.commit(list(range(n_p)) + [n_p + i for i in acc.path])
+    kept = list(range(n_p)) + [n_p + i for i in acc.path]
+    if seq.features is not None and hidden is not None:  # f of every committed entry, by position
+        seq.features.put(seq.target.committed, hidden[kept])
+    seq.target.commit(kept)
     seq.stats.verifications += 1
     seq.stats.target_forwards += 1 / rows
     seq.stats.target_busy_s += busy / rows

@@ -45,6 +45,8 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--distill-temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Train against the target's distributions at this temperature (soft labels, for sampled "
                    "decoding) instead of its responses' tokens (0).")
+@click.option("--target-features", is_flag=True,
+              help="parallelspec: the drafter also reads the target's final hidden states (EAGLE-style features).")
 @click.option("--gen-batch", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts per batched target call.")
 @click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Sequences per training step.")
 @click.option("--max-groups", type=click.IntRange(min=1), default=64, show_default=True,
@@ -59,8 +61,8 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
               help="Train records whose prompts and solutions fill the draft vocabulary past the responses' own tokens.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
-                          max_new_tokens, temperature, distill_temperature, gen_batch, batch, max_groups, context, lr,
-                          device, dtype, vocab_size, vocab_examples, seed):
+                          max_new_tokens, temperature, distill_temperature, target_features, gen_batch, batch, max_groups,
+                          context, lr, device, dtype, vocab_size, vocab_examples, seed):
     """Generate the target's responses to the project's own prompts, train the drafter on them (progress
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
     from seed_tot import Engine
@@ -68,17 +70,20 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
         raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
                                  f"(e.g. gsm8k/train.jsonl)", param_hint="--data")
+    if target_features and method != "parallelspec":
+        raise click.BadParameter("only a parallelspec drafter can read the target's hidden states",
+                                 param_hint="--target-features")
     engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
     # everything else runs where the engine runs its forwards (its forward thread on a CPU): generating the
     # data, building the vocabulary, training and measuring share one OpenMP team (forward_thread.py says why)
     engine.on_forward_thread(_generate_and_train, engine, method, target, data_file, k, layers, steps, out_dir,
                              tasks, max_examples, heldout, max_new_tokens, temperature, context, seed, gen_batch,
-                             batch, lr, max_groups, vocab_size, vocab_examples, distill_temperature)
+                             batch, lr, max_groups, vocab_size, vocab_examples, distill_temperature, target_features)
 
 
 def _generate_and_train(engine, method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
                         max_new_tokens, temperature, context, seed, gen_batch, batch, lr, max_groups, vocab_size,
-                        vocab_examples, distill_temperature) -> None:
+                        vocab_examples, distill_temperature, target_features=False) -> None:
     import time
 
     import torch
@@ -90,7 +95,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     from seed_tot.engine.drafters.draft_vocab import coverage, frequent_tokens
     from seed_tot.tasks.loading import load_records
 
-    from .drafter_data import generate_samples, pack, task_prompts, unpack
+    from .drafter_data import attach_target_hidden, generate_samples, pack, task_prompts, unpack
     from .drafter_train import heldout_tau, train_drafter
     from .soft_labels import target_soft_labels
     from .vocab_cli import records_tokens, special_ids
@@ -124,7 +129,8 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     response_tokens = sum(len(s.tokens) - s.start for s in samples)
     click.echo(f"{len(samples)} samples, {response_tokens} response tokens", err=True)
     torch.manual_seed(seed)
-    drafter = ParallelDrafter(engine.target, k if method == "parallelspec" else 0, layers)
+    drafter = ParallelDrafter(engine.target, k if method == "parallelspec" else 0, layers,
+                              target_features=target_features)
     vocab_record = None
     if vocab_size:  # set before training, so the drafter learns the softmax over the rows it drafts from
         # (drafter_train._scored). First every token the target wrote here (exactly what a drafter has to
@@ -148,6 +154,12 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         with tqdm(total=len(samples), desc=f"target distributions at T={distill_temperature:g}", unit="sample") as bar:
             soft = target_soft_labels(engine.target, samples, distill_temperature, progress=bar.update)
         soft_s = time.perf_counter() - soft_start
+    features_s = 0.0
+    if target_features:  # what the drafter reads beside each token at inference: the target's hidden states
+        features_start = time.perf_counter()
+        with tqdm(total=len(samples), desc="target hidden states", unit="sample") as bar:
+            attach_target_hidden(engine.target, samples, progress=bar.update)
+        features_s = time.perf_counter() - features_start
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
         def progress(step: int, loss: float, accuracy: list[float]) -> None:
@@ -166,12 +178,13 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
                 "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
                 "samples": len(samples), "response_tokens": response_tokens,
                 "generate_minutes": gen_s / 60, "train_minutes": train_s / 60,
-                "distill_temperature": distill_temperature, "soft_label_minutes": soft_s / 60, "heldout_sampled": sampled}
+                "distill_temperature": distill_temperature, "soft_label_minutes": soft_s / 60, "heldout_sampled": sampled,
+                "target_features": target_features, "feature_minutes": features_s / 60}
     save_drafter(drafter, out, engine.target, engine.target_name, training, vocab_record)
     command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
                f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
                f"--max-new-tokens {max_new_tokens}", f"--distill-temperature {distill_temperature:g}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
-               f"--seed {seed}", f"--out {out}"]
+               f"--seed {seed}", f"--out {out}"] + (["--target-features"] if target_features else [])
     if target:
         command.insert(2, f"--target {target}")
     (out / "MODEL_CARD.md").write_text(model_card(method, k, layers, training, " ".join(command), vocab_record and {"size": drafter.draft_vocab_size, **vocab_record}), encoding="utf-8")
@@ -186,6 +199,14 @@ def vocab_line(vocab: dict | None) -> str:
     return (f"- **Draft vocabulary**: the {vocab['size']} most frequent tokens of {vocab['source']} "
             f"(they cover {vocab['coverage']:.1%} of it; draft_vocab.safetensors): the drafter's LM head scores only "
             f"these, the target still verifies over all tokens.\n")
+
+
+def features_line(training: dict) -> str:
+    if not training.get("target_features"):
+        return ""
+    return (f"- **Inputs**: beside each token, the target's final hidden state at the position before it "
+            f"(EAGLE-style features, added through a linear `fuse` map; masks read zeros), computed for the data in "
+            f"{training['feature_minutes']:.1f} min. Drafts only with the `parallelspec` policy.\n")
 
 
 def distill_line(training: dict) -> str:
@@ -215,6 +236,6 @@ def model_card(method: str, k: int, layers: int, training: dict, command: str, v
 - **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
 - **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['max_examples']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens, the last {training['heldout']['prompts']} prompts held out.
 - **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
-{vocab_line(vocab)}{distill_line(training)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.{sampled_line(training)}
+{vocab_line(vocab)}{features_line(training)}{distill_line(training)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.{sampled_line(training)}
 - **Reproduce**: `{command}`
 """

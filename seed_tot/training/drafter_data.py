@@ -110,3 +110,16 @@ def unpack(tensors: dict[str, torch.Tensor]) -> list[Sample]:
         out.append(Sample(tensors["tokens"][offset: offset + length].tolist(), start))
         offset += length
     return out
+
+
+@torch.no_grad()
+def attach_target_hidden(target, samples: list[Sample], progress=None) -> None:
+    """Give each sample the target's final hidden states over its tokens (Sample.hidden), what a
+    drafter that reads them gets at inference (engine/target_features.py): one forward per sample,
+    no LM head. Kept in memory, about 2 KB per token for a 576-wide target in float32."""
+    device = next(target.parameters()).device
+    for sample in samples:
+        out = target.base_model(input_ids=torch.tensor([sample.tokens], device=device))
+        sample.hidden = out.last_hidden_state[0]
+        if progress is not None:
+            progress(1)

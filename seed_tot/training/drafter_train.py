@@ -37,6 +37,7 @@ class Sample:
 
     tokens: list[int]
     start: int
+    hidden: torch.Tensor | None = None  # the target's final hidden states [len(tokens), size], for a drafter that reads them
 
 
 @dataclass
@@ -46,10 +47,14 @@ class GroupBatch:
     mask: torch.Tensor | dict  # the 4D mask from engine/masks.py
     rows: torch.Tensor  # [G, k+1] entry whose output is q_1..q_{k+1} of each group
     labels: torch.Tensor  # [G, k+1] x_{t+1..t+k+1}, IGNORE past the end
+    features: torch.Tensor | None = None  # [1, Q, size]: x_t's entry reads f_{t-1}, masks read zeros
 
 
-def group_batch(drafter, tokens: list[int], anchors: list[int]) -> GroupBatch:
-    """The group-wise training layout of one sequence (see the module docstring)."""
+def group_batch(drafter, tokens: list[int], anchors: list[int], hidden: torch.Tensor | None = None) -> GroupBatch:
+    """The group-wise training layout of one sequence (see the module docstring). hidden: the target's
+    final hidden states of `tokens`, for a drafter that reads them (engine/target_features.py)."""
+    if drafter.uses_target_features and hidden is None:
+        raise ValueError("this drafter reads the target's hidden states: its samples need them (Sample.hidden)")
     n, k = len(tokens), drafter.n_masks
     parents = [i - 1 for i in range(n)]
     rows, ids = [], list(tokens)
@@ -65,14 +70,18 @@ def group_batch(drafter, tokens: list[int], anchors: list[int]) -> GroupBatch:
     layout.check_tree_masks("drafter training (the group-wise layout)")
     mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], drafter.dtype, drafter.device)
     labels = [[tokens[t + 1 + j] if t + 1 + j < n else IGNORE for j in range(k + 1)] for t in anchors]
+    features = None
+    if drafter.uses_target_features:  # as at inference: x_p's entry reads f_{p-1}, x_0's and the masks' zeros
+        features = torch.zeros(1, len(ids), drafter.feature_size, dtype=drafter.dtype, device=drafter.device)
+        features[0, 1:n] = hidden[: n - 1].to(device=drafter.device, dtype=drafter.dtype)
     return GroupBatch(torch.tensor([ids], device=drafter.device), query_pos[None].to(drafter.device), mask,
                       torch.tensor(rows, dtype=torch.long).reshape(len(anchors), k + 1),
-                      torch.tensor(labels, dtype=torch.long).reshape(len(anchors), k + 1))
+                      torch.tensor(labels, dtype=torch.long).reshape(len(anchors), k + 1), features)
 
 
 def group_logits(drafter, batch: GroupBatch) -> torch.Tensor:
     """[G, k+1, V] logits of every group element (the training forward)."""
-    hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
+    hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask, target_features=batch.features)
     return drafter.full_head(hidden[0, batch.rows.to(hidden.device)])
 
 
@@ -124,10 +133,10 @@ def sample_loss(drafter, sample: Sample, max_groups: int | None, generator: torc
     anchors = anchors_of(sample, max_groups, generator)
     if not anchors:
         return None, StepStats(0.0, 0, [0] * (k + 1), [0] * (k + 1))
-    batch = group_batch(drafter, sample.tokens, anchors)
+    batch = group_batch(drafter, sample.tokens, anchors, sample.hidden)
     valid = batch.labels != IGNORE
     # only labelled rows go through the (large) LM head
-    hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask)
+    hidden, _ = drafter.hidden(batch.input_ids, batch.position_ids, batch.mask, target_features=batch.features)
     picked = hidden[0, batch.rows[valid].to(hidden.device)]
     logits, labels = _scored(drafter, picked, batch.labels[valid].to(picked.device))
     hits = ((logits.argmax(-1) == labels) & (labels != IGNORE)).cpu()

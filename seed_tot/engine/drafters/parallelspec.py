@@ -19,6 +19,12 @@ causal LM (its own small KV cache, its own 4D masks from engine/masks.py).
 With n_masks=0 the same module is a plain one-layer autoregressive drafter of the same size (the
 comparison the paper makes): it drafts one token per forward through the ordinary `fixed` policy.
 
+With target_features=True (ParallelSpec over EAGLE, as the paper also builds it) each real token's
+entry also reads the target's final hidden state f_{p-1} (engine/target_features.py): its input is
+emb(x_p) + W f_{p-1}, W a linear map (no bias) initialised to zero, so training starts from the
+plain drafter; it adds 0.33M parameters (1.3 MB) to a SmolLM2 drafter. Masks read zeros. Only the `parallelspec` policy drafts with it: every
+entry it feeds is a real token whose f the target has computed, or a mask.
+
 The forward takes and returns what a transformers causal LM does (input_ids, position_ids,
 attention_mask, past_key_values -> .logits), so the engine needs no special path for it.
 """
@@ -46,10 +52,14 @@ def _body_config(target_config, n_layers: int):
 class ParallelDrafter(nn.Module):
     """L stock decoder layers + k mask embeddings over the target's frozen, shared embeddings and head."""
 
-    def __init__(self, target, n_masks: int, n_layers: int = 1, init_from_target: bool = True):
+    def __init__(self, target, n_masks: int, n_layers: int = 1, init_from_target: bool = True,
+                 target_features: bool = False):
         super().__init__()
         if n_masks < 0 or n_layers < 1:
             raise ValueError(f"a drafter needs n_masks >= 0 and n_layers >= 1, got n_masks={n_masks}, n_layers={n_layers}")
+        if target_features and not n_masks:
+            raise ValueError("a drafter that reads the target's hidden states needs [MASK] tokens (method "
+                             "parallelspec): an autoregressive one would feed its own drafts, which have none")
         embed, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embed is None or head is None:
             raise ValueError(f"{type(target).__name__} exposes no input embedding or LM head to share with a drafter")
@@ -72,6 +82,12 @@ class ParallelDrafter(nn.Module):
             gen = torch.Generator().manual_seed(0)
             init = mean + 0.02 * std * torch.randn(n_masks, mean.shape[0], generator=gen).to(mean.device)
         self.mask_embeddings = nn.Parameter(init.to(embed.weight.dtype))
+        self.fuse, self.feature_size = None, 0
+        if target_features:
+            self.feature_size = int(target.config.hidden_size)  # what the target's base model outputs
+            self.fuse = nn.Linear(self.feature_size, embed.weight.shape[1], bias=False, device=embed.weight.device,
+                                  dtype=embed.weight.dtype)
+            nn.init.zeros_(self.fuse.weight)  # starts as the plain drafter, learns how to use f
         # shared with the target, deliberately not registered as submodules (not saved, not trained, no copy)
         self.__dict__["shared"] = (embed, head)
         self.__dict__["trimmed_head"] = None  # set_draft_vocab: score only a frequent subset (draft_vocab.py)
@@ -84,6 +100,10 @@ class ParallelDrafter(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.mask_embeddings.dtype
+
+    @property
+    def uses_target_features(self) -> bool:
+        return self.fuse is not None
 
     @property
     def default_policy(self) -> str:
@@ -120,24 +140,29 @@ class ParallelDrafter(nn.Module):
         return self.mask_base + j - 1
 
     # ---------------------------------------------------------------- forward
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings from the shared table; mask ids take the drafter's mask embeddings."""
+    def embed(self, input_ids: torch.Tensor, target_features: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings from the shared table; mask ids take the drafter's mask embeddings; with
+        `fuse`, plus fuse(the target's hidden states [rows, entries, hidden]) (None: all zeros)."""
         embed = self.shared[0]
         is_mask = input_ids >= self.mask_base
         out = embed(input_ids.clamp(max=self.mask_base - 1))
         if self.n_masks and bool(is_mask.any()):
             masks = self.mask_embeddings[(input_ids - self.mask_base).clamp(0, self.n_masks - 1)]
             out = torch.where(is_mask[..., None], masks.to(out.dtype), out)
+        if self.fuse is not None:
+            if target_features is not None:  # none (zeros): the entry is its token's (or mask's) embedding
+                out = out + self.fuse(target_features.to(out.dtype))
         return out
 
-    def hidden(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False):
-        out = self.model(inputs_embeds=self.embed(input_ids), position_ids=position_ids, attention_mask=attention_mask,
-                         past_key_values=past_key_values, use_cache=use_cache)
+    def hidden(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
+               target_features=None):
+        out = self.model(inputs_embeds=self.embed(input_ids, target_features), position_ids=position_ids,
+                         attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache)
         return out.last_hidden_state, out.past_key_values
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
-                logits_to_keep: int = 0, **_ignored) -> CausalLMOutputWithPast:
-        hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache)
+                logits_to_keep: int = 0, target_features=None, **_ignored) -> CausalLMOutputWithPast:
+        hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache, target_features)
         if logits_to_keep:  # as transformers' causal LMs: the head runs on the last positions only
             hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=self.get_output_embeddings()(hidden), past_key_values=cache)

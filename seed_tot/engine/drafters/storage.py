@@ -94,6 +94,7 @@ def save_drafter(drafter: ParallelDrafter, directory, target, target_name: str, 
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}, str(out / WEIGHTS))
     config = {"method": drafter.method, "k": drafter.n_masks, "layers": drafter.n_layers,
+              "target_features": drafter.uses_target_features,
               "target": target_name, "target_fingerprint": target_fingerprint(target), "training": training or {}}
     if drafter.trimmed_head is not None:
         save_vocab(out, drafter.trimmed_head.token_ids)
@@ -123,6 +124,9 @@ def read_config(directory) -> dict:
         raise ValueError(f"{path}: method {method!r} is not one of {', '.join(METHODS)}")
     if k < 0 or layers < 1 or (method == "parallelspec") != (k > 0):
         raise ValueError(f"{path}: k={k}, layers={layers} do not fit method {method!r}")
+    features = config.setdefault("target_features", False)  # drafters saved before it existed read none
+    if not isinstance(features, bool) or (features and method != "parallelspec"):
+        raise ValueError(f"{path}: target_features={features!r} must be true or false (true only for parallelspec)")
     return config
 
 
@@ -139,7 +143,8 @@ def load_drafter(directory, target, target_name: str, draft_vocab: bool = True) 
     weights = root / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: missing; the drafter's weights were not saved beside {CONFIG}")
-    drafter = ParallelDrafter(target, config["k"], config["layers"], init_from_target=False)
+    drafter = ParallelDrafter(target, config["k"], config["layers"], init_from_target=False,
+                              target_features=config["target_features"])
     try:
         state = load_file(str(weights))
     except SafetensorError as err:

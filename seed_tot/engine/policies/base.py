@@ -33,6 +33,7 @@ class Feed:
     tokens: list[int]
     parents: list[int]
     keep: int = 0  # only the last `keep` entries' logits are read (0: all); a batched forward may return all
+    features: torch.Tensor | None = None  # target hidden states of the first entries (target_features.py)
 
 
 class DraftRound:
@@ -106,12 +107,18 @@ class TreeBuilder:
         self.remaining = params.max_new_tokens - len(seq.generated)
 
     def pending_feed(self) -> Feed:
-        pending = self.seq.pending(self.seq.draft)
+        seq = self.seq
+        pending = seq.pending(seq.draft)
         base = self.next_entry
         parents = [base + i - 1 if i else -1 for i in range(len(pending))]  # a chain off the prefix
         self.root_entry = base + len(pending) - 1
         self.next_entry = base + len(pending)
-        return Feed(pending, parents)
+        features, log = None, getattr(seq, "features", None)
+        if log is not None:  # the drafter reads f_{p-1} at each pending token x_p
+            end = len(seq.tokens)
+            features = log.slots(end - len(pending), end)
+            log.drop_before(end - 1)  # the next round's first pending token reads f_{end-1}
+        return Feed(pending, parents, features=features)
 
     def add(self, parent: int, token: int, q: torch.Tensor | None, path_prob: float = 0.0) -> int:
         """A node; q is the row it was sampled from (the same tensor object for siblings), None if picked."""
@@ -163,11 +170,12 @@ class HiddenCapture:
 
     @classmethod
     def of(cls, model) -> "HiddenCapture":
-        """The model's one capture: a hook per policy object would pile up over a run's many calls."""
-        capture = model.__dict__.get("_seed_tot_hidden_capture")
+        """The model's one capture of this kind: a hook per policy or engine would pile up over a run's calls."""
+        key = f"_seed_tot_{cls.__name__}"
+        capture = model.__dict__.get(key)
         if capture is None:
             capture = cls(model)
-            model.__dict__["_seed_tot_hidden_capture"] = capture
+            model.__dict__[key] = capture
         return capture
 
     def _hook(self, module, args) -> None:
@@ -178,7 +186,8 @@ class HiddenCapture:
         right-padded; row b's first n_b entries are its own)."""
         hidden = getattr(self._local, "hidden", None)
         if hidden is None:
-            raise RuntimeError("no hidden state was captured: the draft forward did not reach its output layer")
+            raise RuntimeError(f"no hidden state was captured by {type(self).__name__}: the last forward on this "
+                               f"thread did not reach the hooked layer")
         self._local.hidden = None
         return hidden
 

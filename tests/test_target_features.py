@@ -1,0 +1,162 @@
+"""A ParallelSpec drafter that reads the target's hidden states (engine/target_features.py): every
+entry it caches read exactly f_{p-1} of the target (prefill, shared prompt stretches, single and
+batched rounds), greedy output is the target's, samples follow its distribution, training equals
+inference, and what cannot feed it features refuses it."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import reference_greedy, tiny_model
+from test_sampling_lossless import SAMPLES, pair, sample_through_engine, tv, tv_bound  # noqa: F401 (pair: a fixture)
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
+from seed_tot.engine.kv_cache import KVCache
+from seed_tot.engine.seed import SeedScheduler
+from seed_tot.engine.speculative import draft_round, prefill, verify_round
+from seed_tot.training.drafter_train import Sample, group_batch, group_logits, sample_loss
+
+PROMPT = [3, 17, 42, 8, 61, 5]
+
+
+def feature_drafter(target, n_masks: int = 3, seed: int = 0) -> ParallelDrafter:
+    """An untrained drafter whose entries depend strongly on the features (the [I | 0] start would not)."""
+    torch.manual_seed(seed)
+    drafter = ParallelDrafter(target, n_masks=n_masks, n_layers=1, target_features=True).eval()
+    with torch.no_grad():
+        drafter.fuse.weight.normal_(0, 0.2)
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=3)
+
+
+@torch.no_grad()
+def true_slots(target, tokens: list[int]) -> torch.Tensor:
+    """f_{p-1} for every position p of `tokens`, from one plain forward of the target (zeros at p = 0)."""
+    hidden = target.base_model(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+    return torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
+
+
+def assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive: bool = False) -> None:
+    n = seq.draft.committed
+    fresh = KVCache()
+    prefill(drafter, fresh, seq.tokens[: n + 1], true_slots(target, seq.tokens[:n]))
+    mine = [(layer.keys, layer.values) for layer in seq.draft.cache.layers]
+    for (keys, values), ref in zip(mine, fresh.cache.layers):
+        torch.testing.assert_close(keys[..., :n, :], ref.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(values[..., :n, :], ref.values, atol=1e-4, rtol=1e-4)
+    if check_sensitive:  # the same tokens with zero features give other entries: the check can fail
+        blind = KVCache()
+        prefill(drafter, blind, seq.tokens[: n + 1], torch.zeros(n, drafter.feature_size))
+        assert not torch.allclose(mine[0][0][..., :n, :], blind.cache.layers[0].keys, atol=1e-3)
+
+
+def test_every_round_the_drafter_cache_holds_what_the_true_target_features_give(target):
+    drafter = feature_drafter(target)
+    engine = Engine(target, drafter)
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1))
+    seq, policy = seqs[0], engine.policy("sd", k_config, params)
+    assert_draft_cache_read_the_true_features(target, drafter, seq)  # the prefill
+    while not seq.done:
+        tree, node_entry = draft_round(drafter, seq, policy, params, engine.vocab_size)
+        verify_round(target, seq, tree, params, engine.vocab_size, node_entry)
+        assert seq.draft.parents == []  # the masks never stay
+        assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive=True)
+
+
+@pytest.mark.parametrize("batch", [1, None])
+def test_batched_seed_rows_with_shared_prompt_stretches_read_their_own_features(target, batch):
+    drafter = feature_drafter(target, seed=1)
+    engine = Engine(target, drafter)
+    common = [(7 * i) % 90 + 1 for i in range(40)]  # longer than MIN_SHARED: scored once, forked
+    prompts = [common + [5, 9], common + [5, 9], common + [11], PROMPT]
+    params = SamplingParams(max_new_tokens=16, temperature=0)
+    seqs, k_config = engine._start(prompts, params, "seed", (2, 2), verify_batch=batch, draft_batch=batch)
+    for seq in seqs:
+        assert_draft_cache_read_the_true_features(target, drafter, seq)
+    policy = engine.policy("seed", k_config, params)
+    asyncio.run(SeedScheduler(engine).run(seqs, policy, verify_batch=batch, draft_batch=batch))
+    for prompt, seq in zip(prompts, seqs):
+        assert seq.generated == reference_greedy(target, prompt, 16)
+        assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive=True)
+
+
+@pytest.mark.parametrize("mode,k_config,batch", [("sd", (1,), 1), ("mcsd", (2, 2), 1), ("seed", (1,), 1),
+                                                 ("seed", (2, 2), None)])
+def test_greedy_output_equals_the_target_alone(target, mode, k_config, batch):
+    drafter = feature_drafter(target, seed=2)
+    prompts = [PROMPT, [9, 1, 77], PROMPT[::-1], [4]]  # [4]: a one-token prompt has no prefill at all
+    params = SamplingParams(max_new_tokens=20, temperature=0)
+    results = Engine(target, drafter).generate(prompts, params, mode=mode, k_config=k_config, draft_batch=batch,
+                                               verify_batch=batch)
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == reference_greedy(target, prompt, 20)
+
+
+@pytest.mark.parametrize("mode,k_config,setting,batch", [("sd", (1,), "temperature", 1),
+                                                         ("seed", (2, 2), "top_p", None)])
+def test_samples_follow_the_target_distribution(pair, mode, k_config, setting, batch):
+    target, _ = pair
+    drafter = feature_drafter(target, n_masks=1)
+    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch)
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@torch.no_grad()
+def test_training_forward_at_every_group_equals_inference_with_the_features(arch):
+    target = tiny_model(arch, seed=5)
+    drafter = feature_drafter(target, seed=4)
+    tokens = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    hidden = target.base_model(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+    anchors = list(range(len(tokens) - 1))
+    trained = group_logits(drafter, group_batch(drafter, tokens, anchors, hidden))
+    slots = true_slots(target, tokens)
+    for g, t in enumerate(anchors):
+        for j in range(drafter.n_masks + 1):
+            ids = tokens[: t + 1] + [drafter.mask_id(i) for i in range(1, j + 1)]
+            feats = torch.cat([slots[: t + 1], torch.zeros(j, drafter.feature_size)])[None]
+            inference = drafter(input_ids=torch.tensor([ids]), target_features=feats).logits[0, -1]
+            torch.testing.assert_close(trained[g, j], inference, atol=2e-5, rtol=1e-4)
+    blind = group_logits(drafter, group_batch(drafter, tokens, anchors, torch.zeros_like(hidden)))
+    assert not torch.allclose(trained, blind, atol=1e-3)  # the features really reach the training forward
+
+
+def test_a_feature_drafter_trains_only_with_the_features_of_its_samples(target):
+    drafter = feature_drafter(target)
+    sample = Sample(PROMPT + [9, 1, 77, 4], len(PROMPT))
+    with pytest.raises(ValueError, match="hidden states"):
+        sample_loss(drafter, sample, None, torch.Generator().manual_seed(0))
+    sample.hidden = target.base_model(input_ids=torch.tensor([sample.tokens])).last_hidden_state[0].detach()
+    loss, stats = sample_loss(drafter, sample, None, torch.Generator().manual_seed(0))
+    assert loss is not None and stats.total == [4, 3, 2, 1]  # every labelled group slot of the response
+
+
+def test_policies_that_feed_drafted_tokens_and_pipelines_refuse_it(target):
+    engine = Engine(target, feature_drafter(target))
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    with pytest.raises(ValueError, match="hidden states"):
+        engine.generate([PROMPT], params, mode="sd", draft_policy="fixed")
+    with pytest.raises(ValueError, match="hidden states"):
+        engine.generate_pipelined([PROMPT], params, mode="pipedec")
+    with pytest.raises(ValueError, match="needs \\[MASK\\] tokens"):
+        ParallelDrafter(target, n_masks=0, target_features=True)
+
+
+def test_saved_feature_drafter_loads_with_its_fuse_layer(tmp_path, target):
+    drafter = feature_drafter(target)
+    save_drafter(drafter, tmp_path / "d", target, "tiny")
+    loaded = load_drafter(tmp_path / "d", target, "tiny")
+    assert loaded.uses_target_features
+    torch.testing.assert_close(loaded.fuse.weight, drafter.fuse.weight)
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    a = Engine(target, drafter).generate([PROMPT], params, mode="sd", k_config=(1, 1, 1))[0]
+    b = Engine(target, loaded).generate([PROMPT], params, mode="sd", k_config=(1, 1, 1))[0]
+    assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
