@@ -122,7 +122,7 @@ def test_training_forward_at_every_group_equals_inference_with_the_features(arch
     for g, t in enumerate(anchors):
         for j in range(drafter.n_masks + 1):
             ids = tokens[: t + 1] + [drafter.mask_id(i) for i in range(1, j + 1)]
-            feats = torch.cat([slots[: t + 1], torch.zeros(j, drafter.feature_size)])[None]
+            feats = torch.cat([slots[: t + 1], slots[t: t + 1].expand(j, -1)])[None]  # a mask reads its anchor's f
             inference = drafter(input_ids=torch.tensor([ids]), target_features=feats).logits[0, -1]
             torch.testing.assert_close(trained[g, j], inference, atol=2e-5, rtol=1e-4)
     blind = group_logits(drafter, group_batch(drafter, tokens, anchors, torch.zeros_like(hidden)))
@@ -160,3 +160,18 @@ def test_saved_feature_drafter_loads_with_its_fuse_layer(tmp_path, target):
     a = Engine(target, drafter).generate([PROMPT], params, mode="sd", k_config=(1, 1, 1))[0]
     b = Engine(target, loaded).generate([PROMPT], params, mode="sd", k_config=(1, 1, 1))[0]
     assert a.token_ids == b.token_ids and a.stats.accepted == b.stats.accepted
+
+
+@torch.no_grad()
+def test_a_round_drafts_what_one_forward_on_the_true_features_gives_with_masks_reading_their_anchors_f(target):
+    drafter = feature_drafter(target, seed=5)
+    engine = Engine(target, drafter)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)  # sampled: the tree keeps each q_t
+    seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1, 1))
+    tree, _ = draft_round(drafter, seqs[0], engine.policy("sd", k_config, params), params, engine.vocab_size)
+    slots = true_slots(target, PROMPT)
+    masks = [drafter.mask_id(j) for j in (1, 2, 3)]
+    feats = torch.cat([slots, slots[-1:].expand(3, -1)])[None]
+    logits = drafter(input_ids=torch.tensor([PROMPT + masks]), target_features=feats).logits[0, -4:]
+    q = torch.softmax(logits[:, : engine.vocab_size].float(), dim=-1)
+    torch.testing.assert_close(torch.stack([tree.q(i) for i in range(4)]), q, atol=1e-5, rtol=1e-4)

@@ -13,8 +13,8 @@ Every f the drafter needs exists by the time it drafts:
 
 `TargetHidden` captures f from the target's base model (a forward hook: stock modeling code, and
 it sees every position, also when the LM head runs on the last one only); `FeatureLog` keeps a
-sequence's f by position until the drafter has consumed them. Entries that have no f (a [MASK],
-the first prompt token, padding) read zeros. The drafter's q changes, the verifier does not, so
+sequence's f by position until the drafter has consumed them. A [MASK] reads its anchor's f;
+entries that have no f (the first prompt token, padding) read zeros. The drafter's q changes, the verifier does not, so
 output stays exactly the target's (tests/test_target_features.py).
 """
 from __future__ import annotations

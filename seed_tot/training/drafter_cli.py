@@ -205,7 +205,7 @@ def features_line(training: dict) -> str:
     if not training.get("target_features"):
         return ""
     return (f"- **Inputs**: beside each token, the target's final hidden state at the position before it "
-            f"(EAGLE-style features, added through a linear `fuse` map; masks read zeros), computed for the data in "
+            f"(EAGLE-style features, RMS-scaled and added through a linear `fuse` map; a mask reads its anchor's), computed for the data in "
             f"{training['feature_minutes']:.1f} min. Drafts only with the `parallelspec` policy.\n")
 
 

@@ -47,7 +47,7 @@ class GroupBatch:
     mask: torch.Tensor | dict  # the 4D mask from engine/masks.py
     rows: torch.Tensor  # [G, k+1] entry whose output is q_1..q_{k+1} of each group
     labels: torch.Tensor  # [G, k+1] x_{t+1..t+k+1}, IGNORE past the end
-    features: torch.Tensor | None = None  # [1, Q, size]: x_t's entry reads f_{t-1}, masks read zeros
+    features: torch.Tensor | None = None  # [1, Q, size]: x_t's entry reads f_{t-1}, its masks f_{t-1} too
 
 
 def group_batch(drafter, tokens: list[int], anchors: list[int], hidden: torch.Tensor | None = None) -> GroupBatch:
@@ -71,9 +71,11 @@ def group_batch(drafter, tokens: list[int], anchors: list[int], hidden: torch.Te
     mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], drafter.dtype, drafter.device)
     labels = [[tokens[t + 1 + j] if t + 1 + j < n else IGNORE for j in range(k + 1)] for t in anchors]
     features = None
-    if drafter.uses_target_features:  # as at inference: x_p's entry reads f_{p-1}, x_0's and the masks' zeros
+    if drafter.uses_target_features:  # as at inference: x_p's entry reads f_{p-1} (x_0: zeros), a mask its anchor's
         features = torch.zeros(1, len(ids), drafter.feature_size, dtype=drafter.dtype, device=drafter.device)
         features[0, 1:n] = hidden[: n - 1].to(device=drafter.device, dtype=drafter.dtype)
+        group = torch.tensor(rows, dtype=torch.long, device=drafter.device).reshape(len(anchors), k + 1)
+        features[0, group[:, 1:]] = features[0, group[:, :1]].expand(-1, k, -1)
     return GroupBatch(torch.tensor([ids], device=drafter.device), query_pos[None].to(drafter.device), mask,
                       torch.tensor(rows, dtype=torch.long).reshape(len(anchors), k + 1),
                       torch.tensor(labels, dtype=torch.long).reshape(len(anchors), k + 1), features)

@@ -64,7 +64,10 @@ class ParallelSpecRound(DraftRound):
         parents = ([self.b.root_entry] + [first + j for j in range(len(self.mask_ids) - 1)]) if self.mask_ids else []
         self.b.next_entry += len(self.mask_ids)
         # only q_1.. are read: the LM head (most of a small drafter's forward) skips the earlier pending tokens
-        return Feed(feed.tokens + self.mask_ids, feed.parents + parents, keep=len(self.widths), features=feed.features)
+        features = feed.features
+        if features is not None and self.mask_ids:  # each mask reads its anchor's f, as in training
+            features = torch.cat([features, features[-1:].expand(len(self.mask_ids), -1)])
+        return Feed(feed.tokens + self.mask_ids, feed.parents + parents, keep=len(self.widths), features=features)
 
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
         b, params = self.b, self.b.params
