@@ -175,3 +175,18 @@ def test_a_round_drafts_what_one_forward_on_the_true_features_gives_with_masks_r
     logits = drafter(input_ids=torch.tensor([PROMPT + masks]), target_features=feats).logits[0, -4:]
     q = torch.softmax(logits[:, : engine.vocab_size].float(), dim=-1)
     torch.testing.assert_close(torch.stack([tree.q(i) for i in range(4)]), q, atol=1e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_sample_features_are_computed_over_the_whole_prompt_as_at_inference(target):
+    from seed_tot.training.drafter_data import attach_target_hidden
+
+    prompt, response = [(5 * i) % 90 + 2 for i in range(80)], [9, 1, 77, 4]
+    sample = Sample(prompt[-10:] + response, 10)  # the sample keeps 10 prompt tokens
+    attach_target_hidden(target, [sample], [[1, 2, 3], prompt])
+    whole = target.base_model(input_ids=torch.tensor([prompt + response])).last_hidden_state[0]
+    torch.testing.assert_close(sample.hidden, whole[-len(sample.tokens):], atol=1e-5, rtol=1e-4)
+    cut = target.base_model(input_ids=torch.tensor([sample.tokens])).last_hidden_state[0]
+    assert not torch.allclose(sample.hidden, cut, atol=1e-3)  # what a forward over the cut sample would give
+    with pytest.raises(ValueError, match="not the end of any"):
+        attach_target_hidden(target, [Sample([7, 7, 7, 1], 3)], [prompt])

@@ -259,7 +259,8 @@ class Engine:
         from .pipeline.api import generate_pipelined
         if self.target_hidden is not None and mode != "pp":
             raise ValueError(f"mode {mode!r} cannot draft with a drafter that reads the target's hidden states "
-                             f"(its stages do not pass them back); use a drafter trained without --target-features")
+                             f"(its stages do not pass them back); use --draft self (the target's first layers) or a drafter "
+                             f"trained without --target-features")
         return generate_pipelined(self, prompts, params, mode, stages, **options)
 
     def _scheduled(self, mode: str) -> bool:

@@ -158,7 +158,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     if target_features:  # what the drafter reads beside each token at inference: the target's hidden states
         features_start = time.perf_counter()
         with tqdm(total=len(samples), desc="target hidden states", unit="sample") as bar:
-            attach_target_hidden(engine.target, samples, progress=bar.update)
+            attach_target_hidden(engine.target, samples, train_prompts, progress=bar.update)
         features_s = time.perf_counter() - features_start
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:

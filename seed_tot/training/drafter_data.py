@@ -113,13 +113,26 @@ def unpack(tensors: dict[str, torch.Tensor]) -> list[Sample]:
 
 
 @torch.no_grad()
-def attach_target_hidden(target, samples: list[Sample], progress=None) -> None:
+def attach_target_hidden(target, samples: list[Sample], prompts: list[list[int]], progress=None) -> None:
     """Give each sample the target's final hidden states over its tokens (Sample.hidden), what a
-    drafter that reads them gets at inference (engine/target_features.py): one forward per sample,
-    no LM head. Kept in memory, about 2 KB per token for a 576-wide target in float32."""
+    drafter that reads them gets at inference (engine/target_features.py). A sample keeps only the
+    last `context` tokens of its prompt, but the states are computed over the whole prompt (the one
+    in `prompts` that the sample's prompt part ends) + the response, as the engine computes them: a
+    sequence cut mid-prompt starts on another first token, and a model's states lean on its first
+    token (attention sinks). One forward per sample, no LM head; about 2 KB per kept token for a
+    576-wide target in float32."""
     device = next(target.parameters()).device
+    by_last: dict[int, list[list[int]]] = {}
+    for prompt in prompts:
+        by_last.setdefault(prompt[-1], []).append(prompt)
     for sample in samples:
-        out = target.base_model(input_ids=torch.tensor([sample.tokens], device=device))
-        sample.hidden = out.last_hidden_state[0]
+        kept = sample.tokens[: sample.start]
+        full = next((p for p in by_last.get(kept[-1], []) if p[-len(kept):] == kept), None) if kept else None
+        if full is None:
+            raise ValueError("a training sample's prompt is not the end of any of the rendered prompts: the cached "
+                             "data does not belong to these prompts (delete data.safetensors to regenerate)")
+        tokens = full + sample.tokens[sample.start:]
+        out = target.base_model(input_ids=torch.tensor([tokens], device=device))
+        sample.hidden = out.last_hidden_state[0, len(tokens) - len(sample.tokens):]
         if progress is not None:
             progress(1)
