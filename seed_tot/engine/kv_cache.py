@@ -92,8 +92,7 @@ class KVCache:
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
-        if features is not None:
-            keep["target_features"] = padded_features([features], len(tokens), model.feature_size, model.dtype, device)
+        keep.update(_feature_inputs(model, None if features is None else [features], len(tokens)))
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, past_key_values=self.cache, use_cache=True, **keep)
         self.parents = all_parents
@@ -125,6 +124,13 @@ class KVCache:
                 own_committed = self.committed - sum(k.shape[-2] for k, _ in layer.shared)
                 layer.keep_tail(own_committed, entries)
         self.copy_s += time.perf_counter() - start
+
+def _feature_inputs(model, features: list[torch.Tensor | None] | None, n_query: int) -> dict:
+    """The drafter's `target_features` argument for rows of n_query entries (none: no argument at all)."""
+    if features is None:
+        return {}
+    return {"target_features": padded_features(features, n_query, model.feature_size, model.dtype, model.device)}
+
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)",
@@ -159,8 +165,7 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
                                         masks, windows)
     placeholder = torch.zeros(len(caches), 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
-    extra = {} if features is None else {
-        "target_features": padded_features(features, n_query, model.feature_size, dtype, device)}
+    extra = _feature_inputs(model, features, n_query)
     with row_attention.active_batch(batch):
         out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
                     past_key_values=batch, use_cache=True, **extra)
@@ -209,8 +214,7 @@ def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache],
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
     copy_s = time.perf_counter() - copy_start
-    extra = {} if features is None else {
-        "target_features": padded_features(features, n_query, model.feature_size, dtype, device)}
+    extra = _feature_inputs(model, features, n_query)
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
                 attention_mask=mask, past_key_values=stacked, use_cache=True, **extra)
     logits = []

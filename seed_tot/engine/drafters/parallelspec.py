@@ -26,8 +26,9 @@ the plain drafter; it adds 0.33M parameters (1.3 MB) to a SmolLM2 drafter. norm(
 RMS of the token embeddings: raw, f is 17x larger on SmolLM2, W f drowns the token's identity, and
 the masks, which read the real entries through attention, stopped learning (mask accuracy 0.10
 against 0.27 without features after 80 steps). MASK_j reads its anchor's f_{t-1}, the newest f
-there is (training loss 3.45 against 3.94 with zeros there, same 80 steps). Only the `parallelspec` policy drafts with it: every
-entry it feeds is a real token whose f the target has computed, or a mask.
+there is (training loss 3.45 against 3.94 with zeros there, same 80 steps). Only the
+`parallelspec` policy drafts with it: every entry it feeds is a real token whose f the target has
+computed, or a mask.
 
 The forward takes and returns what a transformers causal LM does (input_ids, position_ids,
 attention_mask, past_key_values -> .logits), so the engine needs no special path for it.
