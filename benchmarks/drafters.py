@@ -6,7 +6,8 @@
 The target loads once (default: the embedded SmolLM2-135M-Instruct); each drafter becomes an
 engine over that same target: the layer-truncated self-draft ("self", always), and every
 `--drafter NAME=DIR` from `seed-tot train-drafter`. A ParallelSpec drafter runs at each depth
-k+1 for k in --ps-k (one forward drafts k+1 tokens); the others draft a chain of --chain tokens.
+k+1 for k in --ps-k (one forward drafts k+1 tokens), with each --ps-cut (cost: the round keeps the
+levels that pay for their verification); the others draft a chain of --chain tokens.
 A drafter with a draft vocabulary (draft_vocab.safetensors) drafts from it; --whole-vocab-too
 adds the same weights over the whole vocabulary as NAME-allvocab. Settings run in turn, each
 --repeats times after --warmup; the table (stderr) and the JSON hold medians, x ar, acceptance, tokens per target forward and draft ms per round (draft busy time
@@ -26,18 +27,21 @@ from seed_tot.bench import (ModeSpec, bench_modes, format_table, summarize_repor
                             tot_step_workload, tot_workload)
 from seed_tot.engine.drafters import load_drafter
 from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS, truncated_draft
+from seed_tot.engine.policies.auto import load_costs
 
 log = logging.getLogger("drafters")
 
 
-def specs_for(name: str, drafter, modes: list[str], ps_ks: list[int], chain: int) -> list[ModeSpec]:
+def specs_for(name: str, drafter, modes: list[str], ps_ks: list[int], chain: int,
+              cuts: tuple[str, ...] = ("none",)) -> list[ModeSpec]:
     """One ModeSpec per (mode, draft shape) this drafter runs; labels carry the drafter's name."""
     n_masks = getattr(drafter, "n_masks", 0)
     out = []
     for mode in modes:  # seed as the paper runs it (one worker per sequence, db1 vb1): the drafters' own costs
         if n_masks:
-            out += [ModeSpec(f"{mode} {name} k={k}", mode, (1,), None, 1, 1, "parallelspec", (("depth", str(k + 1)),))
-                    for k in ps_ks if k <= n_masks]
+            out += [ModeSpec(f"{mode} {name} k={k}" + ("" if cut == "none" else f" cut={cut}"), mode, (1,), None, 1, 1,
+                             "parallelspec", (("depth", str(k + 1)), ("cut", cut)))
+                    for cut in cuts for k in ps_ks if k <= n_masks]
         else:
             out.append(ModeSpec(f"{mode} {name} chain={chain}", mode, (1,) * chain, None, 1, 1, None, ()))
     return out
@@ -53,6 +57,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=1, help="tot-*: problems per run")
     ap.add_argument("--modes", default="sd,seed", help="drafting modes to run per drafter (ar always runs)")
     ap.add_argument("--ps-k", default="2,3,4,5", help="ParallelSpec mask counts to run (depth k+1)")
+    ap.add_argument("--ps-cut", default="none",
+                    help="parallelspec cut options to run (none, cost or none,cost; policies/parallelspec.py)")
     ap.add_argument("--chain", type=int, default=3, help="draft tokens per round of the non-ParallelSpec drafters")
     ap.add_argument("--whole-vocab-too", action="store_true",
                     help="also run each drafter that has a draft vocabulary over the whole vocabulary (NAME-allvocab)")
@@ -96,12 +102,16 @@ def main() -> None:
         run, description = make(base, args.data, params)
     log.info("workload: %s", description)
 
-    modes, ps_ks = args.modes.split(","), [int(k) for k in args.ps_k.split(",")]
+    modes, ps_ks, cuts = args.modes.split(","), [int(k) for k in args.ps_k.split(",")], tuple(args.ps_cut.split(","))
+    if "cost" in cuts:  # calibrate (or read the cached costs) before anything is timed
+        for engine in engines.values():
+            if getattr(engine.draft, "n_masks", 0):
+                base.on_forward_thread(load_costs, engine)
     ar = bench_modes(base, run, [ModeSpec("ar", "ar", (1,), None, 1, 1, None, ())], args.repeats, warmup=args.warmup)
     greedy = args.temperature == 0
     rows = [{**summarize_reports(ar, greedy, None, tot)[0], "drafter": "none"}]
     for name, engine in engines.items():
-        reports = bench_modes(engine, run, specs_for(name, engine.draft, modes, ps_ks, args.chain), args.repeats,
+        reports = bench_modes(engine, run, specs_for(name, engine.draft, modes, ps_ks, args.chain, cuts), args.repeats,
                               warmup=args.warmup)
         for row in summarize_reports(ar + reports, greedy, None, tot)[1:]:  # x ar against the one ar run
             rows.append({**row, "drafter": name, "n_masks": getattr(engine.draft, "n_masks", None)})

@@ -158,6 +158,10 @@ def load_drafter(directory, target, target_name: str, draft_vocab: bool = True) 
     if depth is not None and not (isinstance(depth, int) and 1 <= depth <= config["k"] + 1):
         raise ValueError(f"{root / CONFIG}: depth={depth!r} must be an integer in 1..k+1={config['k'] + 1}")
     drafter.default_depth = depth
+    cut = config.get("cut")  # optional: the parallelspec policy's default cut (policies/parallelspec.py)
+    if cut is not None and cut not in ("none", "cost"):
+        raise ValueError(f"{root / CONFIG}: cut={cut!r} must be 'none' or 'cost'")
+    drafter.default_cut = cut
     drafter = drafter.to(target.device).eval()
     ids = load_vocab(root) if draft_vocab else None
     if ids is not None:

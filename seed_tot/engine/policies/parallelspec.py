@@ -16,19 +16,32 @@ Shape: `depth` levels (at most k+1, the drafter's reach; default: the "depth" it
 names, else k+1), width k_config[d] at depth
 d+1 and 1 past the end of k_config, so sd (all ones) and the default seed k_config draft a chain of
 k+1; `--k-config 2,2` gives a tree whose first two levels branch.
+
+Option cut=cost (the default a drafter.json may name as "cut"): the forward has already given every
+q_t, so the round keeps only the levels that pay for their verification. With p̂ = the product of
+the drafter's probabilities along a node's path (OPT-Tree's estimate of its acceptance; greedy: the
+drafter's plain softmax, sampled: the q it was drawn from) and the calibrated target cost of
+auto.py (`load_costs`), the round keeps levels 1..d for the d that maximizes
+    E(d) / time(d),   E(d) = 1 + sum of p̂ over nodes at depth <= d,   time(d) = t_draft + t_target(nodes(d) + 1)
+so a guess the drafter is unsure of is neither verified nor counted. Which levels are kept depends
+only on the draft's own outputs (a stopping rule on the draft side, as in SpecDec++), so the round
+stays lossless. cut=none keeps every level.
 """
 from __future__ import annotations
 
 import torch
 
 from ..params import SamplingParams
+from .auto import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, option
+
+CUTS = ("none", "cost")
 
 
 class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
-    def __init__(self, drafter, k_config=(1,), depth: int | None = None):
+    def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -42,20 +55,27 @@ class ParallelSpecPolicy(DraftPolicy):
             raise ValueError(f"draft policy 'parallelspec': depth={depth} must be in 1..{n_masks + 1} "
                              f"(this drafter has k={n_masks} masks)")
         self.widths = tuple(k_config[d] if d < len(k_config) else 1 for d in range(self.depth))
+        self.costs = costs  # None: keep every level (cut=none)
 
     @classmethod
-    def from_options(cls, engine, k_config, params, depth=None) -> "ParallelSpecPolicy":
-        return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1))
+    def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false") -> "ParallelSpecPolicy":
+        cut = cut or getattr(engine.draft, "default_cut", None) or "none"
+        if cut not in CUTS:
+            raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
+        costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
+                 if cut == "cost" else None)
+        return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs)
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
-        return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids)
+        return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs)
 
 
 class ParallelSpecRound(DraftRound):
-    def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int]):
+    def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None):
         self.b = builder
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
+        self.costs = costs
 
     def first_feed(self) -> Feed:
         feed = self.b.pending_feed()
@@ -72,20 +92,41 @@ class ParallelSpecRound(DraftRound):
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
         b, params = self.b, self.b.params
         rows = logits[-len(self.widths):]  # q_1 (after the last real token), then q_2.. (after each mask)
-        level = [-1]
+        levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
+        prev_probs = [1.0]
         for depth, width in enumerate(self.widths):
-            if params.greedy:  # deterministic candidates: q_t's top tokens
-                picks = torch.topk(rows[depth][: b.vocab_size].float(), width).indices.tolist()
-                level = [b.add(node, tok, None) for node in level for tok in picks]
-                continue
-            q = b.q(rows[depth])
-            n = min(width, int((q > 0).sum()))
-            nxt = []
-            for node in level:  # each sibling group is its own draw from q_t (what the verifier assumes)
-                picks = torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()
-                nxt += [b.add(node, tok, q) for tok in picks]
-            level = nxt
+            level = []
+            if params.greedy:  # deterministic candidates: q_t's top tokens (p̂ from the drafter's plain softmax)
+                probs = torch.softmax(rows[depth][: b.vocab_size].float(), -1)
+                top = torch.topk(probs, width)
+                picks = list(zip(top.indices.tolist(), top.values.tolist()))
+                level = [(slot, tok, None, pp * p) for slot, pp in enumerate(prev_probs) for tok, p in picks]
+            else:
+                q = b.q(rows[depth])
+                n = min(width, int((q > 0).sum()))
+                for slot, pp in enumerate(prev_probs):  # each sibling group is its own draw from q_t (what the verifier assumes)
+                    picks = torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()
+                    level += [(slot, tok, q, pp * float(q[tok])) for tok in picks]
+            levels.append(level)
+            prev_probs = [node[3] for node in level]
+        kept = self._cut(levels) if self.costs is not None else len(levels)
+        ids = [-1]
+        for level in levels[:kept]:
+            ids = [b.add(ids[slot], tok, q, p) for slot, tok, q, p in level]
         return None
+
+    def _cut(self, levels) -> int:
+        """The number of levels whose draft has the most expected tokens per second (see the module doc)."""
+        costs, expected, nodes, best, best_rate, target_s = self.costs, 1.0, 0, 1, -1.0, 0.0
+        for d, level in enumerate(levels, 1):
+            expected += sum(node[3] for node in level)
+            nodes += len(level)
+            # a running max: a calibration's noise can make n+1 tokens look cheaper than n (CPU: 52 ms at 2, 50 at 3)
+            target_s = max(target_s, costs.target(nodes + 1))
+            rate = expected / (costs.draft_step_s + target_s)
+            if rate > best_rate:  # ties keep the shallower draft
+                best, best_rate = d, rate
+        return best
 
     def finish(self):
         tree, _ = self.b.tree()

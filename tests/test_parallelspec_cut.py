@@ -1,0 +1,111 @@
+"""The parallelspec policy's cut=cost: after its one forward the round keeps the levels that pay for
+their verification. The cut follows its formula, varies from round to round, and keeps the round
+lossless: greedy output is the target's, sampled output has the target's distribution."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import reference_greedy, tiny_model
+from test_sampling_lossless import PROMPT as TV_PROMPT
+from test_sampling_lossless import SAMPLES, SETTINGS, VOCAB, exact_distribution, tv, tv_bound
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
+from seed_tot.engine.policies.auto import Costs
+from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy, ParallelSpecRound
+
+
+def costs(points) -> Costs:
+    return Costs(1.0, 0.0, 0.0, tuple(points))
+
+
+def test_the_cut_keeps_the_depth_with_the_most_expected_tokens_per_second():
+    # verification costs 1.0 up to 3 tokens, then 0.2 per token; p̂ along the chain 0.9, 0.72, 0.36, 0.07
+    rnd = ParallelSpecRound.__new__(ParallelSpecRound)
+    rnd.costs = costs([(1, 1.0), (3, 1.0), (8, 2.0)])
+    chain = [[(0, 5, None, p)] for p in (0.9, 0.72, 0.36, 0.07)]
+    # E/time: d=1 1.9/1.0, d=2 2.62/1.0, d=3 2.98/1.2, d=4 3.05/1.4 -> 2
+    assert rnd._cut(chain) == 2
+    rnd.costs = costs([(1, 1.0), (8, 1.0)])  # flat: every level pays
+    assert rnd._cut(chain) == 4
+    # a noisy calibration (4 tokens cheaper than 3) does not make a deeper cut look free
+    rnd.costs = costs([(1, 1.0), (2, 1.0), (3, 2.0), (4, 1.0), (5, 2.0)])
+    assert rnd._cut(chain) == 1
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=3)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    """Untrained, but confident like a trained drafter (its final norm scaled 3x): p̂ spans 0..1."""
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=3, n_layers=1).eval()
+    with torch.no_grad():
+        drafter.model.norm.weight.mul_(3.0)
+    return drafter
+
+
+# verifying up to 3 tokens costs the same, each one more 2% more: a level whose p̂ is small gets cut
+STEEP = costs([(1, 1.0), (3, 1.0), (16, 1.26)])
+
+
+@pytest.mark.parametrize("mode,k_config,batch", [("sd", (1,), 1), ("seed", (1,), 1), ("seed", (2, 2), None)])
+def test_greedy_output_equals_the_target_alone_with_the_cut(target, drafter, mode, k_config, batch):
+    prompts = [[3, 17, 42, 8, 61, 5], [9, 1, 77], [5, 61, 8, 42, 17, 3]]
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    policy = ParallelSpecPolicy(drafter, k_config, depth=4, costs=STEEP)
+    results = Engine(target, drafter).generate(prompts, params, mode=mode, k_config=k_config, draft_batch=batch,
+                                               verify_batch=batch, draft_policy=policy)
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == reference_greedy(target, prompt, 24)
+    depths = Counter(r["depth"] for r in policy.records if r["drafted"])
+    assert {2, 3, 4} <= set(depths), depths  # the cut varies with the round's p̂: not a fixed depth
+
+
+@pytest.mark.parametrize("mode,k_config,setting,batch", [("sd", (1,), "temperature", 1),
+                                                         ("seed", (2, 2), "top_p", None)])
+def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch):
+    target = tiny_model("llama", seed=21, vocab=VOCAB)
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
+    with torch.no_grad():
+        drafter.model.norm.weight.mul_(3.0)  # confident: p̂ spans 0..1
+    params = SETTINGS[setting]
+    # depth 2 costs 5% more (chain) or 40% more (tree): kept only when its p̂ pays for that
+    policy = ParallelSpecPolicy(drafter, k_config, depth=2, costs=costs([(1, 1.0), (2, 1.0), (3, 1.05), (7, 1.5)]))
+    results = Engine(target, drafter).generate([TV_PROMPT] * SAMPLES, params, mode=mode, k_config=k_config,
+                                               n_workers=8, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    depths = Counter(r["depth"] for r in policy.records if r["drafted"])
+    assert depths[1] > 100 and depths[2] > 100, depths  # the cut depends on the sampled tokens' q: both happen
+    stats = [r.stats for r in results]
+    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
+    exact = exact_distribution(target, params)
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+
+
+def test_cut_option_and_drafter_json_default(tmp_path, monkeypatch, target, drafter):
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path / "cache"))
+    engine = Engine(target, drafter)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    with pytest.raises(ValueError, match="cut='often' must be one of none, cost"):
+        engine.generate([[1, 2, 3]], params, mode="sd", draft_policy="parallelspec", policy_options={"cut": "often"})
+    assert engine.policy("sd", (1,), params, "parallelspec", {"cut": "none"}).costs is None
+    calibrated = engine.policy("sd", (1,), params, "parallelspec", {"cut": "cost"}).costs
+    assert calibrated is not None and calibrated.target(1) > 0  # measured on this machine, cached
+    assert (tmp_path / "cache" / "calibration.json").is_file()
+
+    save_drafter(drafter, tmp_path / "d", target, "tiny-target")
+    config = json.loads((tmp_path / "d" / "drafter.json").read_text())
+    (tmp_path / "d" / "drafter.json").write_text(json.dumps({**config, "cut": "cost"}))
+    loaded = load_drafter(tmp_path / "d", target, "tiny-target")
+    assert loaded.default_cut == "cost"
+    assert Engine(target, loaded).policy("sd", (1,), params).costs is not None  # the drafter's default
+    (tmp_path / "d" / "drafter.json").write_text(json.dumps({**config, "cut": "sometimes"}))
+    with pytest.raises(ValueError, match=r"drafter.json: cut='sometimes' must be 'none' or 'cost'"):
+        load_drafter(tmp_path / "d", target, "tiny-target")
