@@ -248,6 +248,7 @@ def _sync(device) -> None:
 
 
 def _run_once(engine, workload: Workload, spec: ModeSpec, index: int) -> RunOutput:
+    engine.clear_prefix_cache()  # every run starts cold, as a fresh solve does: no mode reads another's prompts
     log_engine = _CallLog(engine)
     _sync(engine.target.device)
     start = time.perf_counter()

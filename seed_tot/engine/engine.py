@@ -16,7 +16,7 @@ from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model
 from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
-from .shared_prefill import prefill_prompts
+from .shared_prefill import PrefixStore, prefill_prompts
 from .speculative import draft_round, verify_round
 from .target_features import FeatureLog, TargetHidden
 
@@ -27,7 +27,8 @@ class Engine:
     """A target model, an optional draft model sharing its vocabulary, and a tokenizer."""
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
-                 target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None):
+                 target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
+                 prefix_cache_entries: int = 32):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
         self.tokenizer = tokenizer
@@ -48,6 +49,8 @@ class Engine:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        # prompt stretches scored by earlier calls, per model (shared_prefill.py); 0 entries: off
+        self.prefix_stores = {"target": PrefixStore(prefix_cache_entries), "draft": PrefixStore(prefix_cache_entries)}
         self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
         self._background: _BackgroundLoop | None = None
         self._background_lock = threading.Lock()
@@ -329,15 +332,21 @@ class Engine:
                                  f"prompt ({longest - params.max_new_tokens} tokens) + max_new_tokens "
                                  f"({params.max_new_tokens}) needs {longest}: shorten the prompt or lower max_new_tokens")
 
+    def clear_prefix_cache(self) -> None:
+        """Forget the prompt stretches kept from earlier calls (a benchmark run starts cold with it)."""
+        for store in self.prefix_stores.values():
+            store.clear()
+
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
         """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
-        prompt share its whole prefix KV, prompts with a long common beginning share that."""
+        prompt share its whole prefix KV, prompts with a long common beginning share that, and a
+        beginning scored by an earlier call is forked from the model's PrefixStore."""
         prompts = [seq.prompt for seq in seqs]
         reads_features = with_draft and self.target_hidden is not None
         if reads_features:  # the drafter's prefill reads the target's hidden states of the prompt
             caches, costs, hidden = prefill_prompts(self.target, prompts, hidden=self.target_hidden)
         else:
-            caches, costs = prefill_prompts(self.target, prompts)
+            caches, costs = prefill_prompts(self.target, prompts, store=self.prefix_stores["target"])
         for seq, kv, cost in zip(seqs, caches, costs):
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
@@ -352,7 +361,7 @@ class Engine:
                 features.append(seq.features.slots(0, len(seq.prompt) - 1))
                 seq.features.drop_before(len(seq.prompt) - 2)  # the first round's pending token reads f_{P-2}
         if with_draft:
-            caches, costs = prefill_prompts(self.draft, prompts, features=features)
+            caches, costs = prefill_prompts(self.draft, prompts, features=features, store=self.prefix_stores["draft"])
             for seq, kv, cost in zip(seqs, caches, costs):
                 seq.draft = kv
                 seq.stats.draft_prefills += cost.forwards

@@ -29,6 +29,18 @@ from .target_features import padded_features
 from .row_storage import RowCache, RowLayer
 
 
+def _first(segments: list, length: int) -> list:
+    """The segments [(keys, values)] cut to their first `length` entries (views)."""
+    out = []
+    for keys, values in segments:
+        if length <= 0:
+            break
+        n = min(length, keys.shape[-2])
+        out.append((keys[:, :, :n], values[:, :, :n]) if n < keys.shape[-2] else (keys, values))
+        length -= n
+    return out
+
+
 def layout_of(model) -> AttentionLayout:
     """The model's attention layout, worked out once per model object (it reads the model's source)."""
     layout = getattr(model, "_seed_tot_attention_layout", None)
@@ -57,12 +69,16 @@ class KVCache:
     def length(self) -> int:
         return self.committed + len(self.parents)
 
-    def fork(self) -> "KVCache":
-        """A cache whose history is this committed prefix, shared read-only (no copy): the fork writes
-        only into its own buffers, and this cache only ever writes past the shared entries."""
+    def fork(self, length: int | None = None) -> "KVCache":
+        """A cache whose history is this committed prefix (its first `length` entries: default all),
+        shared read-only (no copy): the fork writes only into its own buffers, and this cache only
+        ever writes past the shared entries."""
         if self.parents:
             raise RuntimeError("fork a cache only when it has no uncommitted entries")
-        return KVCache(RowCache([layer.segments() for layer in self.cache.layers]), self.committed)
+        length = self.committed if length is None else length
+        if not 0 <= length <= self.committed:
+            raise ValueError(f"fork of {length} entries from a cache of {self.committed}")
+        return KVCache(RowCache([_first(layer.segments(), length) for layer in self.cache.layers]), length)
 
     def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
                 features: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,10 +13,18 @@ Exact: a token's keys and values depend only on the tokens before it and its pos
 scored in pieces holds the entries it would hold scored in one forward, up to the floating-point
 order of the sums (as in any batched forward). Models whose attention cannot read a forked
 segment in place (row_attention.py) keep one prefill per distinct prompt.
+
+Across calls, a `PrefixStore` (one per model, owned by the engine) keeps read-only forks of the
+prompts and shared stretches it scored, LRU: a ToT search's next step repeats its question and
+earlier steps, every problem repeats the task's few-shot text, so a call first forks the longest
+stored stretch (at least MIN_SHARED tokens) that begins its prompts and scores only the rest.
+A fork is a view: storing costs no copy; the row it views only ever writes past it.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +48,49 @@ class PrefillCost:
     tokens: float = 0.0  # prompt tokens scored on this prompt's behalf (shared ones split the same way)
 
 
+class PrefixStore:
+    """Committed prompt stretches of one model kept across calls: token tuple -> a read-only fork,
+    at most `max_entries` of them, least recently used dropped first (0: keep nothing)."""
+
+    def __init__(self, max_entries: int = 32):
+        if max_entries < 0:
+            raise ValueError(f"a prefix store keeps max_entries >= 0 entries, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
+        self._lock = threading.Lock()  # prefill may run on more than one thread (synchronous callers)
+        self.hit_tokens = 0  # prompt tokens served from the store (not scored again), for reports
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def put(self, tokens: list[int], kv: KVCache) -> None:
+        if not self.max_entries or len(tokens) < MIN_SHARED:
+            return
+        with self._lock:
+            self._entries[tuple(tokens)] = kv.fork()
+            self._entries.move_to_end(tuple(tokens))
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def longest(self, tokens: list[int], limit: int) -> tuple[KVCache | None, int]:
+        """A fork of the longest stored stretch that begins `tokens` (at most `limit` tokens of it),
+        and its length; (None, 0) when none reaches MIN_SHARED."""
+        with self._lock:
+            best, best_key = 0, None
+            for key in self._entries:
+                n = _common_length([key[:limit], tokens[:limit]])
+                if n > best:
+                    best, best_key = n, key
+            if best < MIN_SHARED:
+                return None, 0
+            self._entries.move_to_end(best_key)
+            return self._entries[best_key].fork(best), best
+
+
 def _can_share(model) -> bool:
     try:
         layout_of(model).check_tree_masks("a shared prompt prefix")
@@ -59,9 +110,11 @@ def _common_length(prompts: list[list[int]]) -> int:
 
 @torch.inference_mode()
 def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor] | None = None,
-                    hidden=None) -> tuple:
+                    hidden=None, store: PrefixStore | None = None) -> tuple:
     """One committed cache per prompt holding all but its last token (scored with its first round),
-    and what each prompt's prefill cost. Equal prompts get forks of one cache.
+    and what each prompt's prefill cost. Equal prompts get forks of one cache. With a `store`, each
+    prompt starts from the longest stretch stored by earlier calls, and what is scored is stored
+    (not for a drafter that reads the target's hidden states: those come from the scoring forward).
     For a drafter that reads the target's hidden states (target_features.py): `features[i]` holds
     what prompt i's entries read ([len - 1, size]); with `hidden` (the target's TargetHidden) a
     third list holds each prompt's hidden states f_0..f_{len-2} (None for a one-token prompt)."""
@@ -76,6 +129,9 @@ def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor
         first_of[key] = i
         distinct.append(i)
     share = len(distinct) > 1 and _can_share(model)
+    if store is not None and (features is not None or hidden is not None or not store.max_entries
+                              or not _can_share(model)):
+        store = None
 
     chunks: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden states by prompt, in position order
 
@@ -95,18 +151,27 @@ def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor
 
     def build(base: KVCache | None, done: int, group: list[int]) -> None:
         """Caches for the prompts in `group`, which all begin with the `done` tokens in `base`."""
+        members = [prompts[i] for i in group]
+        common = min(_common_length(members), min(len(p) for p in members) - 1)  # never a prompt's last token
+        if store is not None:  # an earlier call may have scored more of this group's beginning
+            stored, n = store.longest(members[0], common)
+            if n > done:
+                base, done = stored, n
+                store.hit_tokens += n * len(group)
         if len(group) == 1 or not share:
             for i in group:
                 kv = base.fork() if base is not None else KVCache()
                 score(kv, prompts[i][done: len(prompts[i]) - 1], [i])
                 caches[i] = kv
+                if store is not None:
+                    store.put(prompts[i][:-1], kv)
             return
-        members = [prompts[i] for i in group]
-        common = min(_common_length(members), min(len(p) for p in members) - 1)  # never a prompt's last token
         if common - done >= MIN_SHARED:
             trunk = base.fork() if base is not None else KVCache()
             score(trunk, members[0][done:common], group)
             base, done = trunk, common
+            if store is not None:
+                store.put(members[0][:common], trunk)
         ended = [i for i in group if len(prompts[i]) - 1 == common]
         for i in ended:
             build(base, done, [i])
