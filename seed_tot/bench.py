@@ -10,7 +10,7 @@ Workloads
                          whole ToT solves of --limit problems (blocksworld without --data uses its
                          built-in generator; the other two need --data, the Hub is not used)
 
-Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][@cN][+POLICY[:KEY=VALUE...]]
+Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][+POLICY[:KEY=VALUE...]]
   MODE    ar, parallel, sd, mcsd or seed
   :K-K-K  this mode's draft-tree shape (default --k-config), e.g. mcsd:2-2-1, seed:2-2-1
   @wN     SEED draft workers running at once (default --n-workers)
@@ -18,6 +18,7 @@ Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][@cN][+POLIC
   @dbM    SEED ready workers drafted per draft forward (default --draft-batch; M=all: every ready one)
   @cN     tot-gsm8k/-creative-writing/-blocksworld: problems searched at once (default --concurrency),
           so one run can compare e.g. parallel,parallel@c4
+  @pc0    keep no prompt stretches across calls (the engine's prefix store off), e.g. parallel,parallel@pc0
   +POLICY the draft policy (fixed, opt-tree, specdec, auto, parallelspec) with its options,
           e.g. sd+auto, seed+opt-tree:n=8:delta=0.2, sd+specdec:h=0.5:head=DIR
   e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball,seed+opt-tree:n=8
@@ -59,7 +60,7 @@ from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
-_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+))*)"
+_SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+|pc[01]))*)"
                    r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
 BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
@@ -76,6 +77,7 @@ class ModeSpec:
     draft_policy: str | None = None  # None: the engine's default
     policy_options: tuple[tuple[str, str], ...] = ()
     concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
+    prefix_cache: bool = True  # @pc0: no prompt stretches kept across calls (shared_prefill.PrefixStore)
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
@@ -96,11 +98,12 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
         if not m or m["mode"] not in MODES:
-            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][@cN][+POLICY[:KEY=VALUE...]] with "
+            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][+POLICY[:KEY=VALUE...]] with "
                                      f"MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
-        opts = dict(re.findall(r"@(w|vb|db|c)(\d+|all)", m["opts"]))
+        opts = dict(re.findall(r"@(w|vb|db|c|pc)(\d+|all)", m["opts"]))
         concurrency = int(opts.pop("c")) if "c" in opts else None
+        prefix_cache = opts.pop("pc", "1") == "1"
         if concurrency is not None and concurrency <= 0:
             raise click.BadParameter(f"{label!r}: @c needs at least one problem at once", param_hint="--modes")
         from seed_tot.engine.policies import POLICIES
@@ -122,7 +125,7 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
                               _batch(opts["vb"]) if "vb" in opts else verify_batch,
                               _batch(opts["db"]) if "db" in opts else draft_batch, m["policy"],
                               tuple(tuple(kv.split("=", 1)) for kv in (m["popts"] or "").split(":") if kv),
-                              concurrency))
+                              concurrency, prefix_cache))
     return specs
 
 
@@ -249,6 +252,8 @@ def _sync(device) -> None:
 
 def _run_once(engine, workload: Workload, spec: ModeSpec, index: int) -> RunOutput:
     engine.clear_prefix_cache()  # every run starts cold, as a fresh solve does: no mode reads another's prompts
+    for store in engine.prefix_stores.values():
+        store.max_entries = engine.prefix_cache_entries if spec.prefix_cache else 0
     log_engine = _CallLog(engine)
     _sync(engine.target.device)
     start = time.perf_counter()
@@ -329,6 +334,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    draft_ms_per_round=1000 * total.draft_busy_s / total.verifications if total.verifications else 0.0,
                    target_busy_fraction=total.target_busy_fraction, target_forwards=round(total.target_forwards, 6),
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
+                   prompt_tokens_scored_per_run=round(total.target_prefill_tokens / len(r.runs), 3),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         if r.spec.mode in DRAFTING_MODES and synthetic:
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config

@@ -290,3 +290,16 @@ def test_concurrency_comparison_in_one_run_checks_predictions_against_parallel(t
     # a spec's "all" reaches the solve as "all", not as "not given" (which meant the config's batch sizes)
     solved = json.loads((tmp_path / "runs" / "seed_dball_vball_c3-1" / "summary.json").read_text())["settings"]
     assert (solved["verify_batch"], solved["draft_batch"]) == ("all", "all")
+
+
+def test_prefix_store_off_per_mode_scores_every_prompt_again_with_the_same_predictions(tmp_path):
+    assert [s.prefix_cache for s in parse_modes("parallel,parallel@pc0,seed@pc0@c2", (1, 1, 1), None, 1)] == \
+        [True, False, False]
+    out = tmp_path / "pc.json"
+    _bench("--workload", "tot-gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "2",
+           "--modes", "parallel,parallel@pc0", "--max-new-tokens", "6", "--repeats", "1", "--warmup", "0",
+           "--json", str(out))
+    on, off = json.loads(out.read_text())["modes"]
+    assert on["matches_ar"] and off["matches_ar"]
+    # the second problem's few-shot text and each step's question come from the store
+    assert 0 < on["prompt_tokens_scored_per_run"] < 0.8 * off["prompt_tokens_scored_per_run"]

@@ -50,6 +50,7 @@ class Engine:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         # prompt stretches scored by earlier calls, per model (shared_prefill.py); 0 entries: off
+        self.prefix_cache_entries = prefix_cache_entries
         self.prefix_stores = {"target": PrefixStore(prefix_cache_entries), "draft": PrefixStore(prefix_cache_entries)}
         self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
         self._background: _BackgroundLoop | None = None
@@ -351,6 +352,7 @@ class Engine:
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
             seq.stats.target_prefills += cost.forwards
+            seq.stats.target_prefill_tokens += cost.tokens
         features = None
         if reads_features:
             features = []

@@ -72,6 +72,7 @@ class GenerationStats:
     verifications: int = 0
     target_forwards: float = 0.0
     target_prefills: float = 0.0
+    target_prefill_tokens: float = 0.0  # prompt tokens the target scored (shared stretches split; stored ones: 0)
     draft_forwards: float = 0.0
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
@@ -81,7 +82,7 @@ class GenerationStats:
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
 
     COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
-                "target_prefills", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s", "kv_copy_s")
+                "target_prefills", "target_prefill_tokens", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s", "kv_copy_s")
 
     @property
     def acceptance_rate(self) -> float:
