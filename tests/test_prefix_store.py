@@ -73,6 +73,31 @@ def test_the_store_forgets_the_least_recently_used_stretch():
     assert len(off) == 0 and costs[0].tokens == len(HEAD) + 1
 
 
+@torch.inference_mode()
+def test_the_store_keeps_at_most_its_byte_budget_counting_a_shared_trunk_once():
+    model = tiny_model("llama", seed=5)
+    heads = [[h] + HEAD for h in (1, 2, 3)]
+    probe = PrefixStore()
+    shared_prefill.prefill_prompts(model, [heads[0] + [7]], store=probe)
+    one = probe.retained_bytes()
+    assert one > 0
+    store = PrefixStore(max_bytes=int(2.5 * one))
+    for head in heads:
+        shared_prefill.prefill_prompts(model, [head + [7]], store=store)
+    assert len(store) == 2 and store.retained_bytes() <= 2.5 * one
+    assert store.longest(heads[0] + [7], len(HEAD) + 1)[1] == 0  # the least recently used went first
+    # a later step forks the stored stretch and stores a longer one: the trunk's storage counts once
+    trunk = PrefixStore()
+    shared_prefill.prefill_prompts(model, [heads[0] + [7]], store=trunk)
+    shared_prefill.prefill_prompts(model, [heads[0] + STEP + [7]], store=trunk)
+    longer = PrefixStore()
+    shared_prefill.prefill_prompts(model, [heads[0] + STEP + [7]], store=longer)
+    assert len(trunk) == 2 and trunk.retained_bytes() == longer.retained_bytes() < one + longer.retained_bytes()
+    tight = PrefixStore(max_bytes=one // 2)  # an entry alone over the budget is not kept
+    shared_prefill.prefill_prompts(model, [heads[0] + [7]], store=tight)
+    assert len(tight) == 0
+
+
 @pytest.mark.parametrize("mode", ["ar", "parallel", "sd", "seed"])
 def test_greedy_output_across_calls_with_the_store_equals_the_target_alone(mode, llama_pair):
     target, draft = llama_pair

@@ -28,7 +28,7 @@ class Engine:
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
-                 prefix_cache_entries: int = 32):
+                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
         self.tokenizer = tokenizer
@@ -49,9 +49,10 @@ class Engine:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        # prompt stretches scored by earlier calls, per model (shared_prefill.py); 0 entries: off
+        # prompt stretches scored by earlier calls, per model (shared_prefill.py); 0 entries: off.
+        # 1 GiB per model by default: about 23k tokens of SmolLM2-135M or 2k of a 7B fp16 model
         self.prefix_cache_entries = prefix_cache_entries
-        self.prefix_stores = {"target": PrefixStore(prefix_cache_entries), "draft": PrefixStore(prefix_cache_entries)}
+        self.prefix_stores = {role: PrefixStore(prefix_cache_entries, prefix_cache_bytes) for role in ("target", "draft")}
         self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
         self._background: _BackgroundLoop | None = None
         self._background_lock = threading.Lock()

@@ -50,12 +50,16 @@ class PrefillCost:
 
 class PrefixStore:
     """Committed prompt stretches of one model kept across calls: token tuple -> a read-only fork,
-    at most `max_entries` of them, least recently used dropped first (0: keep nothing)."""
+    at most `max_entries` of them and `max_bytes` of KV storage kept alive (a storage several
+    entries share counts once), least recently used dropped first (0 entries: keep nothing). The
+    byte budget is what bounds memory: an entry's size is its prompt length times the model's KV
+    bytes per token (46 KB for SmolLM2-135M in fp32, 0.5 MB for a 7B fp16 model without GQA)."""
 
-    def __init__(self, max_entries: int = 32):
-        if max_entries < 0:
-            raise ValueError(f"a prefix store keeps max_entries >= 0 entries, got {max_entries}")
-        self.max_entries = max_entries
+    def __init__(self, max_entries: int = 32, max_bytes: int = 1 << 30):
+        if max_entries < 0 or max_bytes < 0:
+            raise ValueError(f"a prefix store keeps max_entries >= 0 entries and max_bytes >= 0 bytes, "
+                             f"got {max_entries} and {max_bytes}")
+        self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
         self._lock = threading.Lock()  # prefill may run on more than one thread (synchronous callers)
         self.hit_tokens = 0  # prompt tokens served from the store (not scored again), for reports
@@ -67,6 +71,19 @@ class PrefixStore:
         with self._lock:
             self._entries.clear()
 
+    def retained_bytes(self) -> int:
+        """Bytes of KV storage the entries keep alive, each storage once (entries share the few-shot trunk)."""
+        seen, total = set(), 0
+        for kv in self._entries.values():
+            for layer in kv.cache.layers:
+                for keys, values in layer.segments():
+                    for t in (keys, values):
+                        storage = t.untyped_storage()
+                        if storage.data_ptr() not in seen:
+                            seen.add(storage.data_ptr())
+                            total += storage.nbytes()
+        return total
+
     def put(self, tokens: list[int], kv: KVCache) -> None:
         if not self.max_entries or len(tokens) < MIN_SHARED:
             return
@@ -75,6 +92,8 @@ class PrefixStore:
             self._entries.move_to_end(tuple(tokens))
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+            while self._entries and self.retained_bytes() > self.max_bytes:
+                self._entries.popitem(last=False)  # the new entry too, when it alone is over the budget
 
     def longest(self, tokens: list[int], limit: int) -> tuple[KVCache | None, int]:
         """A fork of the longest stored stretch that begins `tokens` (at most `limit` tokens of it),
