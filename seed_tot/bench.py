@@ -251,9 +251,7 @@ def _sync(device) -> None:
 
 
 def _run_once(engine, workload: Workload, spec: ModeSpec, index: int) -> RunOutput:
-    engine.clear_prefix_cache()  # every run starts cold, as a fresh solve does: no mode reads another's prompts
-    for store in engine.prefix_stores.values():
-        store.max_entries = engine.prefix_cache_entries if spec.prefix_cache else 0
+    engine.clear_prefix_cache(keep=spec.prefix_cache)  # every run starts cold, as a fresh solve does
     log_engine = _CallLog(engine)
     _sync(engine.target.device)
     start = time.perf_counter()

@@ -334,10 +334,12 @@ class Engine:
                                  f"prompt ({longest - params.max_new_tokens} tokens) + max_new_tokens "
                                  f"({params.max_new_tokens}) needs {longest}: shorten the prompt or lower max_new_tokens")
 
-    def clear_prefix_cache(self) -> None:
-        """Forget the prompt stretches kept from earlier calls (a benchmark run starts cold with it)."""
+    def clear_prefix_cache(self, keep: bool = True) -> None:
+        """Forget the prompt stretches kept from earlier calls (a benchmark run starts cold with it);
+        keep=False also stops keeping new ones until the next clear_prefix_cache() (bench's @pc0)."""
         for store in self.prefix_stores.values():
             store.clear()
+            store.max_entries = self.prefix_cache_entries if keep else 0
 
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
         """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
