@@ -77,6 +77,18 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
         torch.testing.assert_close(runs["resumed"][key], value)
 
 
+def test_a_run_resumed_at_its_last_step_reports_the_finished_runs_loss_not_an_empty_window(tmp_path):
+    target = tiny_model("llama", seed=11)
+    results = []
+    for _ in range(2):  # the second call finds the checkpoint at step 4 and trains nothing
+        torch.manual_seed(0)
+        drafter = ParallelDrafter(target, n_masks=2, n_layers=1)
+        results.append(train_drafter(drafter, toy_samples(), steps=4, out=tmp_path, batch=2, lr=1e-3, max_groups=8,
+                                     checkpoint_every=2))
+    assert results[0].loss > 0
+    assert results[1] == results[0]
+
+
 def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, tiny_model_dirs):
     from seed_tot.cli import main
 

@@ -17,7 +17,8 @@ k = 0 this is plain next-token training of the autoregressive drafter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from seed_tot.engine.masks import build_attention_mask, tree_visibility
 from . import checkpoints
 
 IGNORE = -100
+WINDOW_FILE = "train_window.json"  # the last logged window's counters, beside checkpoint.pt
 
 
 @dataclass
@@ -207,7 +209,12 @@ def train_drafter(drafter, samples: list[Sample], steps: int, out: Path, batch: 
             progress(step, stats.loss_sum / max(stats.count, 1), _accuracy(stats))
         if step % checkpoint_every == 0 or step == steps:
             checkpoints.save(out, "drafter", drafter, optim, step)
+            (out / WINDOW_FILE).write_text(json.dumps({"step": step, **asdict(window)}) + "\n", encoding="utf-8")
     drafter.eval()
+    if window.count == 0 and (out / WINDOW_FILE).is_file():  # resumed at its last step: report the window
+        saved = json.loads((out / WINDOW_FILE).read_text())  # that step closed, not an empty one
+        if saved.pop("step") == step:
+            window = StepStats(**saved)
     return TrainResult(step, window.loss_sum / max(window.count, 1), _accuracy(window))
 
 
