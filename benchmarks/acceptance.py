@@ -30,13 +30,12 @@ log = logging.getLogger("acceptance")
 def gsm8k_prompts(engine: Engine, data: str, questions: int) -> dict[str, list[str]]:
     """Per kind, one rendered prompt per question (see the module docstring)."""
     from seed_tot.search.protocol import State
-    from seed_tot.tasks.gsm8k import GSM8K
+    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
 
     task = GSM8K()
     thoughts, values = [], []
     for example in task.load(data, limit=questions):
-        first = next(ln.strip() for ln in example.data["answer"].splitlines() if ln.strip() and "####" not in ln)
-        step = f"{task.prompts['step_header'].format(k=1)} {first}"
+        step = f"{task.prompts['step_header'].format(k=1)} {solution_steps(example.data['answer'])[0]}"
         for out, p in ((thoughts, task.thought_prompt(example, State())),
                        (values, task.value_prompt(example, State((step,))))):
             out.append(engine.render_prompt(p.user, p.assistant_prefix))

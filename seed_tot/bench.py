@@ -159,14 +159,14 @@ Workload = Callable[[Any, ModeSpec, int], "list[str] | None"]
 
 def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
     from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K
+    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
 
     task = GSM8K()
     example = (task.load(data, limit=1)[0] if data else
                Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
     prompt = task.thought_prompt(example, State())
     thought = engine.render_prompt(prompt.user, prompt.assistant_prefix)
-    lines = [ln.strip() for ln in example.data["answer"].splitlines() if ln.strip() and "####" not in ln]
+    lines = solution_steps(example.data["answer"])
     lines += ["Let us check the previous step."] * 3  # three different states even for a one-line answer
     steps = [f"{task.prompts['step_header'].format(k=k + 1)} {line}" for k, line in enumerate(lines[:3])]
     values = [task.value_prompt(example, State(tuple(steps[:i]))) for i in (1, 2, 3)]
@@ -185,12 +185,12 @@ def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple
     """One ToT-BFS step at breadth 3 and n_generate 3: the 3 frontier states' thought prompts, 3 copies
     each, in one call (9 sequences), then the 9 new states' value prompts in one call."""
     from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K
+    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
 
     task = GSM8K()
     example = (task.load(data, limit=1)[0] if data else
                Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
-    lines = [ln.strip() for ln in example.data["answer"].splitlines() if ln.strip() and "####" not in ln]
+    lines = solution_steps(example.data["answer"])
     lines += ["Let us check the previous step.", "Now compute the total.", "Write the final answer."]
     steps = [f"{task.prompts['step_header'].format(k=1)} {line}" for line in lines[:3]]
     frontier = [State((step,)) for step in steps]  # three different one-step states

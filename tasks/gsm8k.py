@@ -69,6 +69,11 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
+def solution_steps(answer: str) -> list[str]:
+    """The reasoning lines of a GSM8K gold solution: its non-empty lines without the "#### N" one."""
+    return [ln.strip() for ln in answer.splitlines() if ln.strip() and "####" not in ln]
+
+
 def answers_match(a: str | None, b: str | None) -> bool:
     """Equal as numbers ("1,234" == "1234.0" == "$1234"), else equal as normalized strings."""
     if a is None or b is None:

@@ -19,6 +19,7 @@ import re
 import torch
 
 from seed_tot.search.protocol import Example, State
+from seed_tot.tasks.gsm8k import solution_steps
 
 from .drafter_train import Sample
 
@@ -38,7 +39,7 @@ def _gsm8k_value_calls(task, records: list[dict], rng: random.Random) -> list:
     written as the search writes steps, so the drafter sees the prompts a ToT step evaluates."""
     calls = []
     for i, record in enumerate(records):
-        lines = [ln.strip() for ln in str(record.get("answer", "")).splitlines() if ln.strip() and "####" not in ln]
+        lines = solution_steps(str(record.get("answer", "")))
         if not lines:
             continue
         depth = rng.randint(1, min(3, len(lines)))
