@@ -10,7 +10,7 @@ import torch
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.draft_tree import DraftTree
-from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
+from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
                                           load_costs)
 from seed_tot.engine.verify import Acceptance
 from test_specdec import ConstantHead
@@ -77,6 +77,7 @@ def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch, llama_pa
     entry = next(iter(cached.values()))
     assert len(cached) == 1 and entry["draft_step_s"] > 0 and entry["target_fixed_s"] > 0
     assert [n for n, _ in entry["target_points"]] == list(CALIBRATION_TOKENS)
+    assert [n for n, _ in entry["draft_points"]] == list(DRAFT_CALIBRATION_TOKENS)  # batched draft steps
     assert all(t > 0 for _, t in entry["target_points"])
     assert load_costs(engine) == first  # read back, not measured again
 
@@ -89,6 +90,11 @@ def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path
                                                                  "draft_step_s": 9.0}}))
     costs = load_costs(engine)
     assert costs.target_points and costs.draft_step_s != 9.0
+    # single-row sizes up to 16 and no batched draft steps (before load-aware planning): measured again too
+    (tmp_path / "calibration.json").write_text(json.dumps({key: {
+        "target_fixed_s": 9.0, "target_per_token_s": 9.0, "draft_step_s": 9.0, "target_points": [[1, 9.0], [16, 9.0]]}}))
+    costs = load_costs(engine)
+    assert costs.draft_points and costs.target_points[-1][0] == CALIBRATION_TOKENS[-1]
 
 
 # a CPU-like target: flat up to 3 tokens, then 45 ms per token (issue 10's cost table, rounded)

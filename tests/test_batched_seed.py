@@ -194,3 +194,21 @@ def test_batched_and_concurrent_seed_samples_follow_the_target_distribution(conc
         results = engine.generate([PROMPT] * SAMPLES, params, **kw)
     counts = Counter(tuple(r.token_ids) for r in results)
     assert tv(counts, exact, SAMPLES) < bound
+
+
+def test_on_one_forward_thread_concurrent_calls_merge_into_one_group_of_rows(setup):
+    """On a CPU engine draft and target forwards share one thread. Two calls started together used
+    to settle into two alternating groups (one drafting while the other verified), each forward
+    carrying one call's rows only; the draft batcher now waits for the running verification, so
+    the rows it frees join the same draft round and both calls' rows share forwards."""
+    target, draft = setup
+    engine = Engine(target, draft)
+    assert engine.forward_thread is not None  # the CPU setting this is about
+    greedy = SamplingParams(max_new_tokens=24, temperature=0)
+    short, long = [[4, 4, 2], [9], [3, 1, 4], [7, 7]], [[1, 2, 3, 4, 5]]
+    kw = dict(verify_batch=None, draft_batch=None, k_config=(1, 1))
+    short_out, long_out = _concurrently(engine, [(short, greedy, kw), (long, greedy, kw)])
+    assert [r.token_ids for r in short_out] == [reference_greedy(target, p, 24) for p in short]
+    assert long_out[0].token_ids == reference_greedy(target, long[0], 24)
+    batches = [e["batch"] for e in long_out[0].stats.events if e["type"] == "verify"]
+    assert max(batches) == 5  # the long row verified in one forward with all four short rows

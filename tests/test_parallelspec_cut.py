@@ -15,7 +15,7 @@ from test_sampling_lossless import SAMPLES, SETTINGS, VOCAB, exact_distribution,
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
 from seed_tot.engine.policies.auto import Costs
-from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy, ParallelSpecRound
+from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy, ParallelSpecRound, joint_cut
 
 
 def costs(points) -> Costs:
@@ -34,6 +34,33 @@ def test_the_cut_keeps_the_depth_with_the_most_expected_tokens_per_second():
     # a noisy calibration (4 tokens cheaper than 3) does not make a deeper cut look free
     rnd.costs = costs([(1, 1.0), (2, 1.0), (3, 2.0), (4, 1.0), (5, 2.0)])
     assert rnd._cut(chain) == 1
+
+
+def _chain(*p_hats):
+    return [[(0, 5, None, p)] for p in p_hats]
+
+
+def test_a_joint_cut_keeps_every_level_when_verification_is_flat():
+    rows = [_chain(0.9, 0.7, 0.4), _chain(0.3, 0.1, 0.02)] * 4
+    assert joint_cut(rows, costs([(1, 1.0), (64, 1.0)])) == [3] * 8
+
+
+def test_a_joint_cut_under_a_growing_cost_keeps_the_surest_rows_deeper():
+    # flat up to 8 tokens, then 10% a token: 4 rows verify 8 tokens at their first levels already
+    steep = costs([(1, 1.0), (8, 1.0), (64, 6.6)])
+    sure, unsure = _chain(0.95, 0.9, 0.85, 0.8), _chain(0.3, 0.05, 0.01, 0.001)
+    kept = joint_cut([sure, unsure, sure, unsure], steep)
+    assert kept[1] == kept[3] == 1 and kept[0] == kept[2] > 1
+    # alone it keeps every level; among 16 sure rows, whose first levels already fill the forward, one
+    assert joint_cut([sure], steep) == [4] and joint_cut([sure] * 16, steep) == [1] * 16
+
+
+def test_a_joint_cut_is_the_solo_cut_for_one_row():
+    chain = _chain(0.9, 0.72, 0.36, 0.07)
+    rnd = ParallelSpecRound.__new__(ParallelSpecRound)
+    for points in ([(1, 1.0), (3, 1.0), (8, 2.0)], [(1, 1.0), (8, 1.0)]):
+        rnd.costs = costs(points)
+        assert joint_cut([chain], rnd.costs) == [rnd._cut(chain)]
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +95,11 @@ def test_greedy_output_equals_the_target_alone_with_the_cut(target, drafter, mod
     assert {2, 3, 4} <= set(depths), depths  # the cut varies with the round's p̂: not a fixed depth
 
 
-@pytest.mark.parametrize("mode,k_config,setting,batch", [("sd", (1,), "temperature", 1),
-                                                         ("seed", (2, 2), "top_p", None)])
-def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch):
+@pytest.mark.parametrize("mode,k_config,setting,batch,load", [("sd", (1,), "temperature", 1, "greedy"),
+                                                              ("seed", (2, 2), "top_p", None, "greedy"),
+                                                              ("seed", (1,), "temperature", None, "all")])
+def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch, load):
+    """load=all: sampled rows of a batched round are cut jointly, by every row's draws."""
     target = tiny_model("llama", seed=21, vocab=VOCAB)
     torch.manual_seed(0)
     drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
@@ -78,7 +107,8 @@ def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_con
         drafter.model.norm.weight.mul_(3.0)  # confident: p̂ spans 0..1
     params = SETTINGS[setting]
     # depth 2 costs 5% more (chain) or 40% more (tree): kept only when its p̂ pays for that
-    policy = ParallelSpecPolicy(drafter, k_config, depth=2, costs=costs([(1, 1.0), (2, 1.0), (3, 1.05), (7, 1.5)]))
+    policy = ParallelSpecPolicy(drafter, k_config, depth=2, costs=costs([(1, 1.0), (2, 1.0), (3, 1.05), (7, 1.5)]),
+                                load=load)
     results = Engine(target, drafter).generate([TV_PROMPT] * SAMPLES, params, mode=mode, k_config=k_config,
                                                n_workers=8, draft_batch=batch, verify_batch=batch, draft_policy=policy)
     depths = Counter(r["depth"] for r in policy.records if r["drafted"])
@@ -89,12 +119,26 @@ def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_con
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
 
 
+def test_sampled_rows_cut_alone_by_default_so_batched_seed_samples_what_sd_samples(target, drafter):
+    """load=greedy (the default) cuts only greedy rows jointly: a sampled row's tree depends on its own
+    draws, so batched SEED reproduces sd's samples for the same seed."""
+    params = SamplingParams(max_new_tokens=16, temperature=0.9, seed=5)
+    prompts = [[3, 17, 42, 8], [9, 1, 77]] * 3
+    engine = Engine(target, drafter)
+    runs = [engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch,
+                            draft_policy=ParallelSpecPolicy(drafter, (1,), depth=4, costs=STEEP))
+            for mode, batch in (("sd", 1), ("seed", None))]
+    assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]
+
+
 def test_cut_option_and_drafter_json_default(tmp_path, monkeypatch, target, drafter):
     monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path / "cache"))
     engine = Engine(target, drafter)
     params = SamplingParams(max_new_tokens=4, temperature=0)
     with pytest.raises(ValueError, match="cut='often' must be one of none, cost"):
         engine.generate([[1, 2, 3]], params, mode="sd", draft_policy="parallelspec", policy_options={"cut": "often"})
+    with pytest.raises(ValueError, match="load='some' must be one of greedy, all, off"):
+        engine.generate([[1, 2, 3]], params, mode="sd", draft_policy="parallelspec", policy_options={"load": "some"})
     assert engine.policy("sd", (1,), params, "parallelspec", {"cut": "none"}).costs is None
     calibrated = engine.policy("sd", (1,), params, "parallelspec", {"cut": "cost"}).costs
     assert calibrated is not None and calibrated.target(1) > 0  # measured on this machine, cached

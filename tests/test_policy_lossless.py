@@ -19,12 +19,15 @@ def _policy(name: str, draft):
         return OptTreePolicy(n=4, delta=0.0, max_depth=2)
     if name == "specdec":
         return SpecDecPolicy(ConstantHead(0.6), h=0.5, min_len=1, max_len=2, capture=HiddenCapture(draft))
+    if name == "auto-load":  # batched seed at 8 rows: flat up to 15 tokens, so rows draft 0, 1 or 2
+        return AutoPolicy(Costs(0.1, 0.0, 0.001, ((1, 0.1), (15, 0.1), (64, 1.0)), ((1, 0.001), (32, 0.002))), max_len=2,
+                          load="all")  # sampled rows planned together too
     return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2)
 
 
 SAMPLES = 800  # the bound widens as 1/sqrt(SAMPLES); fewer than the fixed-policy test, to stay fast
 CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]
-         + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature")])
+         + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature"), ("auto-load", "seed", "temperature")])
 
 
 @pytest.mark.parametrize("name,mode,setting", CASES)

@@ -33,6 +33,11 @@ def draft_batch_round(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_siz
                       ) -> list[tuple[DraftTree, dict[int, int]]]:
     """One draft round for every (sequence, its call's policy), one batched draft forward per step of
     the longest round. Each sequence drafts with its own call's sampling params (`seq.rule.params`)."""
+    by_policy: dict[int, tuple[DraftPolicy, list[Sequence]]] = {}
+    for seq, policy in rows:
+        by_policy.setdefault(id(policy), (policy, []))[1].append(seq)
+    for policy, seqs in by_policy.values():
+        policy.plan_batch(seqs, len(rows))
     if len(rows) == 1:  # one row needs no padding
         return [draft_round(model, seq, policy, seq.rule.params, vocab_size) for seq, policy in rows]
     # policies that read hidden states (specdec, auto with a head): a capture holds the whole batch's
@@ -83,12 +88,15 @@ class DraftBatcher:
     whose verification comes back queue up, and the next round takes them.
     """
 
-    def __init__(self, model, vocab_size: int, pool: ThreadPoolExecutor, run_in_stream, wait_turn: bool = False):
+    def __init__(self, model, vocab_size: int, pool: ThreadPoolExecutor, run_in_stream, wait_turn: bool = False,
+                 settle=None):
         self.model, self.vocab_size = model, vocab_size
         self.pool, self.run_in_stream = pool, run_in_stream
         # with one forward thread for drafts and verification (a CPU engine), gather the round's rows
         # when that thread is free, not before: workers verified meanwhile join the round
         self.wait_turn = wait_turn
+        # and (`settle`, awaited first) once no verification is queued or running: see SeedScheduler
+        self.settle = settle
         self._waiting: list[_Request] = []
         self._wake = asyncio.Event()
 
@@ -105,6 +113,8 @@ class DraftBatcher:
             await self._wake.wait()
             self._wake.clear()
             while self._waiting:
+                if self.settle is not None:
+                    await self.settle()
                 if self.wait_turn:
                     await after_queued_work(self.pool)
                 self._waiting = [r for r in self._waiting if not r.done.done()]  # drop cancelled workers

@@ -165,8 +165,10 @@ class SeedScheduler:
         self._batch_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-draft-batch")
         self._target_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-target")
         self._one_thread = shared is not None
+        self._verifying: asyncio.Event | None = None  # set once the verification running now has released its rows
         self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run,
-                                     wait_turn=self._one_thread)
+                                     wait_turn=self._one_thread,
+                                     settle=self._verification_settled if self._one_thread else None)
         self._tasks = [asyncio.create_task(self._verifier(), name="seed-verifier"),
                        asyncio.create_task(self._batcher.run(), name="seed-draft-batcher")]
 
@@ -240,32 +242,53 @@ class SeedScheduler:
                 if job.error is not None:
                     raise SeedError(f"verification of sequence {seq.index} failed: {job.error!r}") from job.error
 
+    async def _verification_settled(self) -> None:
+        """Return once the verification running now (if any) has released its rows (one forward
+        thread only). There draft and target forwards cannot overlap, and a batched draft round that
+        started while some rows were being verified would split the rows into two groups that then
+        alternate for good (A drafts while B verifies, then B drafts while A verifies), each forward
+        carrying half the rows. Waiting for that one verification merges them: the rows it frees
+        join this draft round. Only the running one: rows that never draft (`parallel` calls)
+        requeue at once, and waiting for an empty queue would starve the drafting rows."""
+        running = self._verifying
+        if running is not None:
+            await running.wait()
+
     async def _verifier(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             jobs = await self._queue.pop()
             if jobs is None:
                 return
-            if self._one_thread:  # wait for the forward thread: drafts running before us join this forward
-                await after_queued_work(self._target_pool)
-                jobs = self._queue.take_more(jobs)
-            calls = {id(j.call): j.call for j in jobs}.values()
-            starts = {id(c): c.now() for c in calls}
-            for c in calls:
-                c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
-            outcomes = await loop.run_in_executor(self._target_pool, self._streams.run, _verify_isolated,
-                                                  self.engine.target, jobs, self.engine.vocab_size)
-            for job, outcome in zip(jobs, outcomes):
-                if isinstance(outcome, Exception):  # confined to this job's sequence
-                    job.error = outcome
-                else:
-                    if job.call.policy is not None:
-                        job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
-                    job.call.events.append({
-                        "type": "verify", "worker": job.seq.index, "start": starts[id(job.call)],
-                        "end": job.call.now(), "enqueued": job.enqueued, "accepted": len(outcome.path),
-                        "resampled": outcome.resampled, "batch": len(jobs)})
-                job.verified.set()
+            done = self._verifying = asyncio.Event()
+            try:
+                await self._verify(jobs)
+                await asyncio.sleep(0)  # the released workers run first and queue their next drafts
+            finally:
+                self._verifying = None
+                done.set()
+
+    async def _verify(self, jobs: list[VerifyJob]) -> None:
+        """One target forward for `jobs` (and, on one forward thread, the drafts queued while it waited)."""
+        if self._one_thread:  # wait for the forward thread: drafts running before us join this forward
+            await after_queued_work(self._target_pool)
+            jobs = self._queue.take_more(jobs)
+        calls = {id(j.call): j.call for j in jobs}.values()
+        starts = {id(c): c.now() for c in calls}
+        for c in calls:
+            c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
+        outcomes = await asyncio.get_running_loop().run_in_executor(
+            self._target_pool, self._streams.run, _verify_isolated, self.engine.target, jobs, self.engine.vocab_size)
+        for job, outcome in zip(jobs, outcomes):
+            if isinstance(outcome, Exception):  # confined to this job's sequence
+                job.error = outcome
+            else:
+                if job.call.policy is not None:
+                    job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
+                job.call.events.append({
+                    "type": "verify", "worker": job.seq.index, "start": starts[id(job.call)],
+                    "end": job.call.now(), "enqueued": job.enqueued, "accepted": len(outcome.path),
+                    "resampled": outcome.resampled, "batch": len(jobs)})
+            job.verified.set()
 
 
 def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:

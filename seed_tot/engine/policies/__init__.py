@@ -6,11 +6,13 @@
     specdec   SpecDec++: a chain that stops once a trained head predicts a rejection is likely
               enough (specdec.py; the head: head.py, trained by `seed-tot train-head`)
     auto      cost-aware: calibrated forward costs and a running acceptance estimate choose the
-              draft length that maximizes tokens per second, including no draft at all (auto.py)
+              draft length that maximizes tokens per second, including no draft at all; in a
+              batched round, of the whole round's rows together (load-aware, auto.py)
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
 
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
+    policy.plan_batch(seqs, rows)                            before a batched round: its rows, the round's size
     policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
     round.first_feed() -> Feed | None                        entries for the draft (None: no draft)
     round.step(logits, hidden) -> Feed | None                after each draft forward; the next feed

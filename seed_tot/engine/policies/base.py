@@ -2,6 +2,7 @@
 
 The interface is a small state machine so that a driver owns every model forward:
 
+    policy.plan_batch(seqs, rows)                      # batched drivers: once per round, before begin
     round = policy.begin(seq, params, vocab_size)      # per sequence, per round
     feed = round.first_feed()                          # None: draft nothing this round
     while feed is not None:
@@ -63,6 +64,27 @@ def option(policy: str, key: str, value, kind: type, low: float | None = None):
     return out
 
 
+LOADS = ("greedy", "all", "off")
+_LOAD_ALIASES = {"true": "greedy", "1": "greedy", "yes": "greedy", "on": "greedy", "false": "off", "0": "off", "no": "off"}
+
+
+def load_option(policy: str, value) -> str:
+    """Option load= of the policies that price a batched round by what shares its forwards: greedy
+    (the default: greedy rows plan together, sampled rows alone, so a sampled row's tree and thus its
+    sample for a given seed never depend on the batch), all (sampled rows too: still exact in
+    distribution, but a sample then depends on what shared its forwards), off. true/false mean
+    greedy/off."""
+    text = _LOAD_ALIASES.get(str(value).lower(), str(value).lower())
+    if text not in LOADS:
+        raise ValueError(f"draft policy {policy!r}: option load={value!r} must be one of {', '.join(LOADS)}")
+    return text
+
+
+def planned_together(seqs: list, load: str) -> list:
+    """The rows a policy with option `load` plans jointly in a batched round."""
+    return [s for s in seqs if load == "all" or (load == "greedy" and s.rule.params.greedy)]
+
+
 class DraftPolicy:
     """Turns a sequence's draft state into rounds; keeps per-sequence estimates between rounds."""
 
@@ -71,6 +93,11 @@ class DraftPolicy:
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         raise NotImplementedError
+
+    def plan_batch(self, seqs: list, rows: int) -> None:
+        """Called before a batched draft round with this policy's sequences in it and the round's
+        size (`rows`, every call's rows): a policy that prices its drafts by what shares the forwards
+        plans them here (default: each row plans alone)."""
 
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         """Called after each verification with what the target accepted (default: nothing to learn)."""

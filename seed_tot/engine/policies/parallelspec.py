@@ -26,6 +26,16 @@ auto.py (`load_costs`), the round keeps levels 1..d for the d that maximizes
 so a guess the drafter is unsure of is neither verified nor counted. Which levels are kept depends
 only on the draft's own outputs (a stopping rule on the draft side, as in SpecDec++), so the round
 stays lossless. cut=none keeps every level.
+
+In a batched round (batched SEED) the rows share one verification forward, so the cut is made for
+all of them at once (`joint_cut`): each row keeps its first level, then the level with the most p̂
+per verified token anywhere in the round joins while it raises the round's expected tokens per
+second. At a load where the forward's cost grows with every token (a CPU past a few), that keeps
+only the surest guesses; with a flat forward (a GPU) it keeps everything. Option load=greedy (the
+default) cuts greedy rows jointly and sampled rows alone: a sampled row's tree then depends only on
+its own draws, so its sample is the one `sd` gives for the same seed whatever shares its forwards.
+load=all cuts sampled rows jointly too (still exact in distribution: the cut reads only draft-side
+outputs, never the target's), load=off cuts every row alone (base.load_option).
 """
 from __future__ import annotations
 
@@ -33,7 +43,7 @@ import torch
 
 from ..params import SamplingParams
 from .auto import Costs, load_costs
-from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, option
+from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
 
 CUTS = ("none", "cost")
 
@@ -41,7 +51,8 @@ CUTS = ("none", "cost")
 class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
-    def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None):
+    def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None,
+                 load: str = "greedy"):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -56,23 +67,37 @@ class ParallelSpecPolicy(DraftPolicy):
                              f"(this drafter has k={n_masks} masks)")
         self.widths = tuple(k_config[d] if d < len(k_config) else 1 for d in range(self.depth))
         self.costs = costs  # None: keep every level (cut=none)
+        self.load = load_option(self.name, load)
+        self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
 
     @classmethod
-    def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false") -> "ParallelSpecPolicy":
+    def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false",
+                     load="greedy") -> "ParallelSpecPolicy":
         cut = cut or getattr(engine.draft, "default_cut", None) or "none"
         if cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
         costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
                  if cut == "cost" else None)
-        return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs)
+        return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs,
+                   load)
+
+    def plan_batch(self, seqs: list, rows: int) -> None:
+        jointly = planned_together(seqs, self.load)
+        if self.costs is None or rows <= 1 or not jointly:
+            return
+        cut = _JointCut(self.costs, rows - len(jointly))  # the other rows: one verified token each at least
+        self._joint.update({id(s): cut for s in jointly})
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
-        return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs)
+        return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs,
+                                 self._joint.pop(id(seq), None))
 
 
 class ParallelSpecRound(DraftRound):
-    def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None):
+    def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None,
+                 joint: "_JointCut | None" = None):
         self.b = builder
+        self.joint = joint
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
         self.costs = costs
@@ -109,10 +134,9 @@ class ParallelSpecRound(DraftRound):
                     level += [(slot, tok, q, pp * float(q[tok])) for tok in picks]
             levels.append(level)
             prev_probs = [node[3] for node in level]
-        kept = self._cut(levels) if self.costs is not None else len(levels)
-        ids = [-1]
-        for level in levels[:kept]:
-            ids = [b.add(ids[slot], tok, q, p) for slot, tok, q, p in level]
+        self.levels = levels
+        if self.joint is not None:  # cut in finish(), once every row of the round has its levels
+            self.joint.levels[id(b.seq)] = levels
         return None
 
     def _cut(self, levels) -> int:
@@ -129,5 +153,53 @@ class ParallelSpecRound(DraftRound):
         return best
 
     def finish(self):
+        levels = self.levels
+        if self.joint is not None:
+            kept = self.joint.kept(id(self.b.seq))
+        else:
+            kept = self._cut(levels) if self.costs is not None else len(levels)
+        ids = [-1]
+        for level in levels[:kept]:
+            ids = [self.b.add(ids[slot], tok, q, p) for slot, tok, q, p in level]
         tree, _ = self.b.tree()
         return tree, {}  # no node was fed: the drafter's cache keeps only real tokens
+
+
+class _JointCut:
+    """The rows of one batched round that are cut together, keyed by id(seq)."""
+
+    def __init__(self, costs: Costs, other_tokens: int):
+        self.costs, self.other_tokens = costs, other_tokens
+        self.levels: dict[int, list] = {}
+        self._kept: dict[int, int] | None = None
+
+    def kept(self, key: int) -> int:
+        if self._kept is None:  # the first finish(): every row's step has run
+            keys = list(self.levels)
+            self._kept = dict(zip(keys, joint_cut([self.levels[k] for k in keys], self.costs, self.other_tokens)))
+        return self._kept[key]
+
+
+def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0) -> list[int]:
+    """Levels kept per row (nodes (parent slot, token, q, p̂) by level) for the most expected tokens
+    per second of the round: every row keeps its first level; then, greedily, the level with the most
+    p̂ per verified token anywhere joins while that raises (expected tokens) / (draft + target time).
+    Within a row a level's p̂ sum never exceeds its parent level's, so levels join in order."""
+    kept = [min(1, len(levels)) for levels in rows]
+    expected = other_tokens + sum(1 + sum(n[3] for n in levels[0]) if levels else 1 for levels in rows)
+    tokens = other_tokens + sum(1 + (len(levels[0]) if levels else 0) for levels in rows)
+    draft_s = costs.draft(len(rows))  # the round's one drafter forward, already spent
+    target_s = costs.target(tokens)
+    while True:
+        open_rows = [i for i, levels in enumerate(rows) if kept[i] < len(levels)]
+        if not open_rows:
+            return kept
+        i = max(open_rows, key=lambda i: sum(n[3] for n in rows[i][kept[i]]) / len(rows[i][kept[i]]))
+        level = rows[i][kept[i]]
+        # a running max: a calibration's noise can make n+1 tokens look cheaper than n
+        next_s = max(target_s, costs.target(tokens + len(level)))
+        gain = sum(n[3] for n in level)
+        if (expected + gain) / (draft_s + next_s) <= expected / (draft_s + target_s):
+            return kept
+        kept[i] += 1
+        expected, tokens, target_s = expected + gain, tokens + len(level), next_s

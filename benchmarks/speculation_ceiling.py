@@ -1,0 +1,69 @@
+"""What speculation can gain over batched AR at a given load, from measured forward costs alone.
+
+For `rows` sequences sharing each forward and a per-token acceptance alpha, the best batched round
+(auto.plan_lengths: every row's draft length, shared draft steps, one verification forward) is
+compared with `parallel`'s round (every row one token, one target forward):
+
+    ceiling = max over plans [ sum_i tokens(K_i) / time(K) ]  /  [ rows / t_target(rows) ]
+
+once with the calibrated draft cost and once with a free draft (what a drafter costing nothing
+could reach). Nothing here runs a model: the costs are the `auto` calibration of a target/draft
+pair (`seed-tot` caches it in ~/.cache/seed-tot/calibration.json the first time `auto` or
+`cut=cost` runs; `--calibrate` measures it now). Overheads the model leaves out (the draft's prefill,
+scheduling) only lower what is reachable, so a ceiling below a goal shows the goal is out of reach
+on that hardware with that pair.
+
+    python benchmarks/speculation_ceiling.py --key qwen2.5-coder-1.5b --alpha 0.56,0.7,0.8 --rows 1,3,9,18,36
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from seed_tot.engine.policies.auto import Costs, batch_time, cache_path, expected_tokens, plan_lengths
+
+log = logging.getLogger(__name__)
+
+
+def ceiling(costs: Costs, alpha: float, rows: int, max_len: int = 8, pending: int = 2) -> tuple[float, list[int]]:
+    """(best plan's tokens per second / parallel's, the plan) for `rows` rows of acceptance alpha."""
+    plan = plan_lengths([alpha] * rows, [pending] * rows, costs, max_len)
+    rate = sum(expected_tokens(alpha, k) for k in plan) / batch_time(plan, [pending] * rows, costs)
+    return rate / (rows / costs.target(rows)), plan
+
+
+def load_entry(key: str) -> tuple[str, Costs]:
+    cached = json.loads(cache_path().read_text(encoding="utf-8"))
+    matches = [k for k in cached if key in k]
+    if len(matches) != 1:
+        raise SystemExit(f"{cache_path()}: {len(matches)} calibrations match {key!r}: {', '.join(cached) or 'none'}")
+    entry = cached[matches[0]]
+    return matches[0], Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
+                                            for k in ("target_points", "draft_points")}})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--key", required=True, help="a substring of the calibration's key (target|draft|device|dtype)")
+    parser.add_argument("--alpha", default="0.3,0.56,0.7,0.8,0.9")
+    parser.add_argument("--rows", default="1,3,9,18,36")
+    parser.add_argument("--max-len", type=int, default=8)
+    args = parser.parse_args()
+    key, costs = load_entry(args.key)
+    free = Costs(costs.target_fixed_s, costs.target_per_token_s, 0.0, costs.target_points, ((1, 0.0), (2, 0.0)))
+    alphas = [float(a) for a in args.alpha.split(",")]
+    print(f"calibration: {key}")
+    print("| rows | " + " | ".join(f"alpha {a}: x parallel (plan), free draft" for a in alphas) + " |")
+    print("| --- |" + " --- |" * len(alphas))
+    for rows in (int(r) for r in args.rows.split(",")):
+        cells = []
+        for a in alphas:
+            real, plan = ceiling(costs, a, rows, args.max_len)
+            ideal, ideal_plan = ceiling(free, a, rows, args.max_len)
+            cells.append(f"{real:.2f} (K={max(plan)}), {ideal:.2f} (K={max(ideal_plan)})")
+        print(f"| {rows} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
