@@ -50,9 +50,11 @@ def bootstrap_ci(accepted: list[int], depth: list[int], draws: int = 2000, seed:
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def measure(engine: Engine, prompts: list[str], params: SamplingParams, depth: int, parallelspec: bool) -> dict:
-    policy = ({"draft_policy": "parallelspec", "policy_options": {"depth": str(depth)}, "k_config": (1,)}
-              if parallelspec else {"k_config": (1,) * depth})
+def measure(engine: Engine, prompts: list[str], params: SamplingParams, depth: int, parallelspec: bool,
+            options: dict[str, str] | None = None) -> dict:
+    """options: more parallelspec policy options (passes, cut)."""
+    policy = ({"draft_policy": "parallelspec", "policy_options": {"depth": str(depth), **(options or {})},
+               "k_config": (1,)} if parallelspec else {"k_config": (1,) * depth})
     results = engine.generate(prompts, params, mode="sd", **policy)
     accepted = [r.stats.accepted for r in results]
     offered = [r.stats.draft_depth for r in results]
@@ -63,6 +65,18 @@ def measure(engine: Engine, prompts: list[str], params: SamplingParams, depth: i
             "token_ids": [r.token_ids for r in results]}
 
 
+def option_sets(text: str) -> list[dict[str, str]]:
+    """'passes=2,cut=cost;passes=1' -> [{'passes': '2', 'cut': 'cost'}, {'passes': '1'}]; '' -> [{}]."""
+    sets = []
+    for group in text.split(";") if text else [""]:
+        pairs = [item.partition("=") for item in group.split(",") if item]
+        bad = [key for key, eq, _ in pairs if not eq]
+        if bad:
+            raise SystemExit(f"--ps-options {text!r}: expected key=value, got {bad[0]!r}")
+        sets.append({key: value for key, _, value in pairs})
+    return sets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
@@ -70,6 +84,8 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="GSM8K jsonl (the test split: this evaluates, never trains)")
     ap.add_argument("--questions", type=int, default=40)
     ap.add_argument("--ps-k", default="1,2,3,4", help="ParallelSpec mask counts (depth k+1); others: chain k+1")
+    ap.add_argument("--ps-options", default="", help="ParallelSpec option sets to run, ';'-separated, each "
+                    "'key=value,key=value' (e.g. 'passes=1;passes=2;cut=cost'); empty: the drafter's defaults")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -88,19 +104,21 @@ def main() -> None:
         engine = Engine(base.target, drafter, base.tokenizer, target_name=base.target_name, draft_name=name,
                         forward_thread=base.forward_thread)
         n_masks = getattr(drafter, "n_masks", 0)
-        for k in (int(k) for k in args.ps_k.split(",")):
-            if n_masks and k > n_masks:
-                continue
-            for kind, kind_prompts in prompts.items():
-                row = measure(engine, kind_prompts, params, k + 1, bool(n_masks))
-                if row.pop("token_ids") != reference[kind]:  # lossless: greedy sd writes what ar writes
-                    raise RuntimeError(f"{name} depth {k + 1} on {kind} prompts: tokens differ from ar")
-                rows.append({"drafter": name, "depth": k + 1, "kind": kind, **row})
-                log.info("%s depth %d %s: acceptance %.3f %s, tau %.2f", name, k + 1, kind, row["acceptance"],
-                         row["ci95"], row["tau"])
-    sys.stderr.write("| drafter | depth | kind | acceptance [95% CI over questions] | tokens / target fwd |\n"
-                     "| --- | --- | --- | --- | --- |\n")
-    sys.stderr.write("".join(f"| {r['drafter']} | {r['depth']} | {r['kind']} | {r['acceptance']:.3f} "
+        for options in option_sets(args.ps_options) if n_masks else [{}]:
+            for k in (int(k) for k in args.ps_k.split(",")):
+                if n_masks and k > n_masks:
+                    continue
+                for kind, kind_prompts in prompts.items():
+                    row = measure(engine, kind_prompts, params, k + 1, bool(n_masks), options)
+                    if row.pop("token_ids") != reference[kind]:  # lossless: greedy sd writes what ar writes
+                        raise RuntimeError(f"{name} depth {k + 1} {options} on {kind} prompts: tokens differ from ar")
+                    label = ",".join(f"{key}={value}" for key, value in options.items()) or "-"
+                    rows.append({"drafter": name, "depth": k + 1, "options": label, "kind": kind, **row})
+                    log.info("%s depth %d %s %s: acceptance %.3f %s, tau %.2f", name, k + 1, label, kind,
+                             row["acceptance"], row["ci95"], row["tau"])
+    sys.stderr.write("| drafter | depth | options | kind | acceptance [95% CI over questions] | tokens / target fwd |\n"
+                     "| --- | --- | --- | --- | --- | --- |\n")
+    sys.stderr.write("".join(f"| {r['drafter']} | {r['depth']} | {r['options']} | {r['kind']} | {r['acceptance']:.3f} "
                              f"[{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}] | {r['tau']:.2f} |\n" for r in rows))
     if args.json:
         payload = {"command": " ".join(["python"] + sys.argv), "target": base.target_name,

@@ -44,7 +44,7 @@ def policy_options(fn):
                      help="fixed (k_config shapes, the default), opt-tree, specdec, auto, or parallelspec "
                           "(the default with a ParallelSpec --draft DIR)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
-                     help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5."),
+                     help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
                      help="specdec: the acceptance head directory from `seed-tot train-head`."),
     ]):

@@ -43,6 +43,17 @@ def test_training_forward_at_every_group_equals_inference_on_context_and_masks(a
     assert not torch.allclose(trained[:, 0], trained[:, 1], atol=1e-3)
 
 
+def assert_drafter_cache_is_a_fresh_prefill(drafter, seq) -> None:
+    """After a verification the drafter's cache holds no mask or rejected entry: it equals a prefill
+    of the sequence's committed tokens."""
+    assert seq.draft.parents == [] and seq.draft.committed == len(seq.tokens) - len(seq.pending(seq.draft))
+    fresh = KVCache()
+    prefill(drafter, fresh, seq.tokens[: seq.draft.committed + 1])
+    for mine, ref in zip(seq.draft.cache.layers, fresh.cache.layers):
+        torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
+
+
 def test_one_draft_forward_per_round_and_the_drafter_cache_equals_a_fresh_prefill(target, drafter):
     calls = []
     handle = drafter.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
@@ -58,12 +69,7 @@ def test_one_draft_forward_per_round_and_the_drafter_cache_equals_a_fresh_prefil
             assert len(calls) == 1 and tree.depth() == min(4, params.max_new_tokens - len(seq.generated))
             verify_round(target, seq, tree, params, engine.vocab_size, node_entry)
             rounds += 1
-            assert seq.draft.parents == [] and seq.draft.committed == len(seq.tokens) - len(seq.pending(seq.draft))
-            fresh = KVCache()
-            prefill(drafter, fresh, seq.tokens[: seq.draft.committed + 1])
-            for mine, ref in zip(seq.draft.cache.layers, fresh.cache.layers):
-                torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
-                torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
+            assert_drafter_cache_is_a_fresh_prefill(drafter, seq)
         assert seq.stats.draft_forwards == rounds == seq.stats.verifications
     finally:
         handle.remove()

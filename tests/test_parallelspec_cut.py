@@ -25,6 +25,7 @@ def costs(points) -> Costs:
 def test_the_cut_keeps_the_depth_with_the_most_expected_tokens_per_second():
     # verification costs 1.0 up to 3 tokens, then 0.2 per token; p̂ along the chain 0.9, 0.72, 0.36, 0.07
     rnd = ParallelSpecRound.__new__(ParallelSpecRound)
+    rnd.passes_run = 1
     rnd.costs = costs([(1, 1.0), (3, 1.0), (8, 2.0)])
     chain = [[(0, 5, None, p)] for p in (0.9, 0.72, 0.36, 0.07)]
     # E/time: d=1 1.9/1.0, d=2 2.62/1.0, d=3 2.98/1.2, d=4 3.05/1.4 -> 2
@@ -58,6 +59,7 @@ def test_a_joint_cut_under_a_growing_cost_keeps_the_surest_rows_deeper():
 def test_a_joint_cut_is_the_solo_cut_for_one_row():
     chain = _chain(0.9, 0.72, 0.36, 0.07)
     rnd = ParallelSpecRound.__new__(ParallelSpecRound)
+    rnd.passes_run = 1
     for points in ([(1, 1.0), (3, 1.0), (8, 2.0)], [(1, 1.0), (8, 1.0)]):
         rnd.costs = costs(points)
         assert joint_cut([chain], rnd.costs) == [rnd._cut(chain)]

@@ -12,6 +12,17 @@ No tree node is fed to the drafter, so `finish` reports no node entries and the 
 keeps just the pending real tokens: the mask entries never stay in the drafter's cache (accepted
 tokens are fed as real tokens at the start of the next round).
 
+Option passes=P (default 1) trades draft forwards for acceptance: a mask guesses x_{t+j+1} without
+seeing the drafted x_{t+1}.., so after the first forward draws level 1, pass 2 feeds each level-1
+node as a real token followed by masks, and that node's children and deeper levels are drawn from
+the q's that have seen it (its output and its masks'); pass 3 does the same for level 2, and so on.
+Levels below the last fed one come from the last pass's masks. A fed node is laid out exactly as the
+same token fed as pending in the next round (position, parent chain, no masks before it), so when
+the target accepts it its entry stays in the drafter's cache (node entries, as autoregressive
+policies report them) and the cache equals a fresh prefill; rejected nodes and every mask leave.
+Each node is still drawn from the q the verifier gets, so the round stays lossless. A drafter that
+reads the target's hidden states refuses passes > 1 (a drafted token has no f yet).
+
 Shape: `depth` levels (at most k+1, the drafter's reach; default: the "depth" its drafter.json
 names, else k+1), width k_config[d] at depth
 d+1 and 1 past the end of k_config, so sd (all ones) and the default seed k_config draft a chain of
@@ -52,7 +63,7 @@ class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
     def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None,
-                 load: str = "greedy"):
+                 load: str = "greedy", passes: int = 1):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -68,39 +79,52 @@ class ParallelSpecPolicy(DraftPolicy):
         self.widths = tuple(k_config[d] if d < len(k_config) else 1 for d in range(self.depth))
         self.costs = costs  # None: keep every level (cut=none)
         self.load = load_option(self.name, load)
+        if passes < 1:
+            raise ValueError(f"draft policy 'parallelspec': passes={passes} must be >= 1")
+        if passes > 1 and getattr(drafter, "uses_target_features", False):
+            raise ValueError("draft policy 'parallelspec': passes > 1 feeds drafted tokens back to the drafter, and this "
+                             "drafter reads the target's hidden states, which a drafted token does not have yet: "
+                             "use passes=1 with it")
+        self.passes = passes
         self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
 
     @classmethod
     def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false",
-                     load="greedy") -> "ParallelSpecPolicy":
+                     load="greedy", passes=1) -> "ParallelSpecPolicy":
         cut = cut or getattr(engine.draft, "default_cut", None) or "none"
         if cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
         costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
                  if cut == "cost" else None)
         return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs,
-                   load)
+                   load, option(cls.name, "passes", passes, int, 1))
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         jointly = planned_together(seqs, self.load)
         if self.costs is None or rows <= 1 or not jointly:
             return
-        cut = _JointCut(self.costs, rows - len(jointly))  # the other rows: one verified token each at least
+        cut = _JointCut(self.costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
         self._joint.update({id(s): cut for s in jointly})
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs,
-                                 self._joint.pop(id(seq), None))
+                                 self._joint.pop(id(seq), None), self.passes)
 
 
 class ParallelSpecRound(DraftRound):
     def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None,
-                 joint: "_JointCut | None" = None):
+                 joint: "_JointCut | None" = None, passes: int = 1):
         self.b = builder
         self.joint = joint
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
         self.costs = costs
+        self.passes_left, self.passes_run = passes, 0
+        self.levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
+        self.level_nodes: list[list[int]] = []  # the builder's node ids, level by level
+        # per node of the newest level (the root at first): the drafter rows its children's levels are
+        # drawn from (its nearest fed ancestor's outputs), that ancestor's level, and the node's p̂
+        self.frontier: list[tuple[torch.Tensor, int, float]] = []
 
     def first_feed(self) -> Feed:
         feed = self.b.pending_feed()
@@ -114,30 +138,59 @@ class ParallelSpecRound(DraftRound):
             features = torch.cat([features, features[-1:].expand(len(self.mask_ids), -1)])
         return Feed(feed.tokens + self.mask_ids, feed.parents + parents, keep=len(self.widths), features=features)
 
-    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        b, params = self.b, self.b.params
-        rows = logits[-len(self.widths):]  # q_1 (after the last real token), then q_2.. (after each mask)
-        levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
-        prev_probs = [1.0]
-        for depth, width in enumerate(self.widths):
-            level = []
-            if params.greedy:  # deterministic candidates: q_t's top tokens (p̂ from the drafter's plain softmax)
-                probs = torch.softmax(rows[depth][: b.vocab_size].float(), -1)
-                top = torch.topk(probs, width)
-                picks = list(zip(top.indices.tolist(), top.values.tolist()))
-                level = [(slot, tok, None, pp * p) for slot, pp in enumerate(prev_probs) for tok, p in picks]
-            else:
-                q = b.q(rows[depth])
-                n = min(width, int((q > 0).sum()))
-                for slot, pp in enumerate(prev_probs):  # each sibling group is its own draw from q_t (what the verifier assumes)
-                    picks = torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()
-                    level += [(slot, tok, q, pp * float(q[tok])) for tok in picks]
-            levels.append(level)
-            prev_probs = [node[3] for node in level]
-        self.levels = levels
+    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
+        done = len(self.levels)
+        if not done:  # q_1 (after the last real token), then q_2.. (after each mask)
+            self.frontier = [(logits[-len(self.widths):], 0, 1.0)]
+        else:  # per fed node of level `done`: q of its children at the node, deeper levels at its masks
+            per = len(self.widths) - done
+            self.frontier = [(logits[i * per:(i + 1) * per], done, pp) for i, (_, _, pp) in enumerate(self.frontier)]
+        self.passes_left -= 1
+        self.passes_run += 1
+        while len(self.levels) < len(self.widths):
+            self._grow()
+            if self.passes_left and len(self.levels) < len(self.widths):
+                return self._feed_newest_level()
         if self.joint is not None:  # cut in finish(), once every row of the round has its levels
-            self.joint.levels[id(b.seq)] = levels
+            self.joint.levels[id(self.b.seq)] = self.levels
         return None
+
+    def _grow(self) -> None:
+        """Draw the next level: each frontier node's children from q_t of its anchor's rows."""
+        b, params, depth = self.b, self.b.params, len(self.levels)
+        level, frontier, nodes = [], [], []
+        parent_nodes = self.level_nodes[-1] if self.level_nodes else [-1]
+        for slot, (rows, anchor, pp) in enumerate(self.frontier):
+            row = rows[depth - anchor]
+            if params.greedy:  # deterministic candidates: q_t's top tokens (p̂ from the drafter's plain softmax)
+                probs = torch.softmax(row[: b.vocab_size].float(), -1)
+                top = torch.topk(probs, self.widths[depth])
+                picks = [(tok, None, p) for tok, p in zip(top.indices.tolist(), top.values.tolist())]
+            else:  # each sibling group is its own draw from q_t (what the verifier assumes)
+                q = b.q(row)
+                n = min(self.widths[depth], int((q > 0).sum()))
+                picks = [(tok, q, float(q[tok]))
+                         for tok in torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()]
+            for tok, q, p in picks:
+                level.append((slot, tok, q, pp * p))
+                nodes.append(b.add(parent_nodes[slot], tok, q, pp * p))
+                frontier.append((rows, anchor, pp * p))
+        self.levels.append(level)
+        self.level_nodes.append(nodes)
+        self.frontier = frontier
+
+    def _feed_newest_level(self) -> Feed:
+        """Another pass: each node of the newest level as a real token, followed by the masks for the
+        levels below its children, so its subtree is drawn from q's that have seen it."""
+        b, n_masks = self.b, len(self.widths) - len(self.levels) - 1
+        tokens, parents = [], []
+        for node in self.level_nodes[-1]:
+            entry = b.next_entry
+            b.node_entry[node] = entry  # kept in the drafter's cache if the target accepts it
+            tokens += [b.tokens[node]] + self.mask_ids[:n_masks]
+            parents += [b.node_entry.get(b.parents[node], b.root_entry)] + [entry + j for j in range(n_masks)]
+            b.next_entry += 1 + n_masks
+        return Feed(tokens, parents)
 
     def _cut(self, levels) -> int:
         """The number of levels whose draft has the most expected tokens per second (see the module doc)."""
@@ -147,7 +200,7 @@ class ParallelSpecRound(DraftRound):
             nodes += len(level)
             # a running max: a calibration's noise can make n+1 tokens look cheaper than n (CPU: 52 ms at 2, 50 at 3)
             target_s = max(target_s, costs.target(nodes + 1))
-            rate = expected / (costs.draft_step_s + target_s)
+            rate = expected / (costs.draft_step_s * self.passes_run + target_s)
             if rate > best_rate:  # ties keep the shallower draft
                 best, best_rate = d, rate
         return best
@@ -158,29 +211,29 @@ class ParallelSpecRound(DraftRound):
             kept = self.joint.kept(id(self.b.seq))
         else:
             kept = self._cut(levels) if self.costs is not None else len(levels)
-        ids = [-1]
-        for level in levels[:kept]:
-            ids = [self.b.add(ids[slot], tok, q, p) for slot, tok, q, p in level]
-        tree, _ = self.b.tree()
-        return tree, {}  # no node was fed: the drafter's cache keeps only real tokens
+        if kept == len(levels):
+            return self.b.tree()
+        # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
+        return self.b.tree([n for nodes in self.level_nodes[:kept] for n in nodes])
 
 
 class _JointCut:
     """The rows of one batched round that are cut together, keyed by id(seq)."""
 
-    def __init__(self, costs: Costs, other_tokens: int):
-        self.costs, self.other_tokens = costs, other_tokens
+    def __init__(self, costs: Costs, other_tokens: int, draft_forwards: int = 1):
+        self.costs, self.other_tokens, self.draft_forwards = costs, other_tokens, draft_forwards
         self.levels: dict[int, list] = {}
         self._kept: dict[int, int] | None = None
 
     def kept(self, key: int) -> int:
         if self._kept is None:  # the first finish(): every row's step has run
             keys = list(self.levels)
-            self._kept = dict(zip(keys, joint_cut([self.levels[k] for k in keys], self.costs, self.other_tokens)))
+            self._kept = dict(zip(keys, joint_cut([self.levels[k] for k in keys], self.costs, self.other_tokens,
+                                                          self.draft_forwards)))
         return self._kept[key]
 
 
-def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0) -> list[int]:
+def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0, draft_forwards: int = 1) -> list[int]:
     """Levels kept per row (nodes (parent slot, token, q, p̂) by level) for the most expected tokens
     per second of the round: every row keeps its first level; then, greedily, the level with the most
     p̂ per verified token anywhere joins while that raises (expected tokens) / (draft + target time).
@@ -188,7 +241,7 @@ def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0
     kept = [min(1, len(levels)) for levels in rows]
     expected = other_tokens + sum(1 + sum(n[3] for n in levels[0]) if levels else 1 for levels in rows)
     tokens = other_tokens + sum(1 + (len(levels[0]) if levels else 0) for levels in rows)
-    draft_s = costs.draft(len(rows))  # the round's one drafter forward, already spent
+    draft_s = costs.draft(len(rows)) * draft_forwards  # the round's drafter forwards (one per pass), already spent
     target_s = costs.target(tokens)
     while True:
         open_rows = [i for i, levels in enumerate(rows) if kept[i] < len(levels)]
