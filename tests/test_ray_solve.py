@@ -292,11 +292,24 @@ def test_an_error_in_the_search_stops_the_run_as_in_one_process(keeper, problems
     assert all("cookies" not in r["input"]["question"] for r in read_records(tmp_path))  # every line complete
 
 
+@pytest.mark.parametrize("ray_swallows_it", [False, True])
 def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, reference, reference_engine,
-                                                          tmp_path):
+                                                          tmp_path, monkeypatch, ray_swallows_it):
+    """ray_swallows_it: ray.wait loses the KeyboardInterrupt raised inside it (as Ray's core worker
+    sometimes does): the driver still stops, from the Ctrl-C its handler recorded."""
     import ray
     task, examples, _ = problems
     pool = keeper.get()
+    if ray_swallows_it:
+        real_wait = ray.wait
+
+        def swallowing_wait(refs, **kwargs):
+            try:
+                return real_wait(refs, **kwargs)
+            except KeyboardInterrupt:
+                return [], list(refs)  # as if it had timed out
+
+        monkeypatch.setattr(ray, "wait", swallowing_wait)
     results = tmp_path / "results.jsonl"
 
     def interrupt_after_first_record():

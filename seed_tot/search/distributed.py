@@ -19,6 +19,8 @@ Ray is an optional dependency (`pip install seed-tot[ray]`); nothing here import
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,6 +215,34 @@ def _next_job(queue: deque[_Job], worker: int) -> _Job:
     return queue.popleft()
 
 
+_WAKE_S = 1.0  # how often the driver leaves ray.wait to look for a Ctrl-C
+
+
+def _notice_ctrl_c() -> tuple[threading.Event, Callable[[], None]]:
+    """A SIGINT handler that also records the Ctrl-C, and a function that puts the old one back.
+
+    The driver spends its time inside ray.wait, where Ray's core worker runs Python's signal check
+    itself and does not always pass the KeyboardInterrupt on: the run would go on to the end. The
+    recorded Event lets the loop raise it on its next wake-up. Off the main thread (where Python
+    delivers no signal) the Event never fires and the handler stays as it is."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        return seen, lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:  # the caller ignores Ctrl-C: so does the run
+        return seen, lambda: None
+
+    def on_sigint(signum, frame):
+        seen.set()
+        if callable(previous):  # the default handler raises KeyboardInterrupt
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return seen, lambda: signal.signal(signal.SIGINT, previous)
+
+
 def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                       output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
                       max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str, Any]:
@@ -238,6 +268,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
         # first of those failures waits for the restart, and the slots come back once, after it.
         life = dict.fromkeys(range(len(pool.actors)), 0)
         in_flight: dict[Any, tuple[int, int, _Job | None]] = {}  # a None job: waiting for a restarted actor
+        ctrl_c, restore_handler = _notice_ctrl_c()
         try:
             while queue or in_flight:
                 while idle and queue:
@@ -247,7 +278,12 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                     in_flight[ref] = worker, life[worker], job
                 if not in_flight:
                     break  # problems left, no actor left
-                (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                ready: list = []
+                while not ready:  # wake every second: a Ctrl-C that Ray's wait swallowed is acted on here
+                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=_WAKE_S)
+                    if ctrl_c.is_set():
+                        raise KeyboardInterrupt
+                (ref,) = ready
                 worker, born, job = in_flight.pop(ref)
                 try:
                     result = ray.get(ref)
@@ -287,6 +323,8 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
         except KeyboardInterrupt:
             pool.shutdown()  # stop the searches in flight; what is written is complete
             raise
+        finally:
+            restore_handler()
         if queue:
             raise WorkersLostError(f"all {len(pool.actors)} Ray workers are gone (each died more than "
                                    f"{pool.max_restarts} times); {len(queue)} problems are not solved (last error: "
