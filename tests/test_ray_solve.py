@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -321,11 +322,15 @@ def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, refe
     stalls = [keeper.faults / f"stall-{word}" for word in WORDS[2:]]  # so the run cannot end first
     for stall in stalls:
         stall.touch()
+    # a terminal's Ctrl-C handling, whatever earlier tests in this process left installed (printed: shown on failure)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"SIGINT handler before this test: {previous!r}")
     threading.Thread(target=interrupt_after_first_record, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
     finally:
+        signal.signal(signal.SIGINT, previous)
         for stall in stalls:
             stall.unlink()
     assert not pool.alive
