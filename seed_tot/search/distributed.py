@@ -222,8 +222,9 @@ def _notice_ctrl_c() -> tuple[threading.Event, Callable[[], None]]:
     """A SIGINT handler that also records the Ctrl-C, and a function that puts the old one back.
 
     The driver spends its time inside ray.wait, where Ray's core worker runs Python's signal check
-    itself and does not always pass the KeyboardInterrupt on: the run would go on to the end. The
-    recorded Event lets the loop raise it on its next wake-up. Off the main thread (where Python
+    itself; a KeyboardInterrupt lost there would let the run go on to the end (tested by simulating
+    that loss; whether Ray does lose one was not established). The recorded Event lets the loop raise
+    it on its next wake-up. Off the main thread (where Python
     delivers no signal) the Event never fires and the handler stays as it is."""
     seen = threading.Event()
     if threading.current_thread() is not threading.main_thread():
