@@ -119,7 +119,7 @@ class ParallelSpecRound(DraftRound):
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
         self.costs = costs
-        self.passes_left, self.passes_run = passes, 0
+        self.passes, self.passes_run = passes, 0
         self.levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
         self.level_nodes: list[list[int]] = []  # the builder's node ids, level by level
         # per node of the newest level (the root at first): the drafter rows its children's levels are
@@ -145,11 +145,10 @@ class ParallelSpecRound(DraftRound):
         else:  # per fed node of level `done`: q of its children at the node, deeper levels at its masks
             per = len(self.widths) - done
             self.frontier = [(logits[i * per:(i + 1) * per], done, pp) for i, (_, _, pp) in enumerate(self.frontier)]
-        self.passes_left -= 1
         self.passes_run += 1
         while len(self.levels) < len(self.widths):
             self._grow()
-            if self.passes_left and len(self.levels) < len(self.widths):
+            if self.passes_run < self.passes and len(self.levels) < len(self.widths):
                 return self._feed_newest_level()
         if self.joint is not None:  # cut in finish(), once every row of the round has its levels
             self.joint.levels[id(self.b.seq)] = self.levels
