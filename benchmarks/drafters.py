@@ -7,8 +7,9 @@ The target loads once (default: the embedded SmolLM2-135M-Instruct); each drafte
 engine over that same target: the layer-truncated self-draft ("self", always), and every
 `--drafter NAME=DIR` from `seed-tot train-drafter`. A ParallelSpec drafter runs at each depth
 k+1 for k in --ps-k (one forward drafts k+1 tokens), with each --ps-cut (cost: the round keeps the
-levels that pay for their verification) and each --ps-passes (P: P forwards a round, pass p feeds
-the drafted level p-1 back); the others draft a chain of --chain tokens.
+levels that pay for their verification), each --ps-passes (P: P forwards a round, pass p feeds
+the drafted level p-1 back) and each --ps-lookup (N: a prompt-lookup guess on the last N tokens
+grafted beside the draft); the others draft a chain of --chain tokens.
 A drafter with a draft vocabulary (draft_vocab.safetensors) drafts from it; --whole-vocab-too
 adds the same weights over the whole vocabulary as NAME-allvocab. Settings run in turn, each
 --repeats times after --warmup; the table (stderr) and the JSON hold medians, x ar, acceptance, tokens per target forward and draft ms per round (draft busy time
@@ -34,16 +35,17 @@ log = logging.getLogger("drafters")
 
 
 def specs_for(name: str, drafter, modes: list[str], ps_ks: list[int], chain: int,
-              cuts: tuple[str, ...] = ("none",), passes: tuple[int, ...] = (1,)) -> list[ModeSpec]:
+              cuts: tuple[str, ...] = ("none",), passes: tuple[int, ...] = (1,),
+              lookups: tuple[int, ...] = (0,)) -> list[ModeSpec]:
     """One ModeSpec per (mode, draft shape) this drafter runs; labels carry the drafter's name."""
     n_masks = getattr(drafter, "n_masks", 0)
     out = []
     for mode in modes:  # seed as the paper runs it (one worker per sequence, db1 vb1): the drafters' own costs
         if n_masks:
             out += [ModeSpec(f"{mode} {name} k={k}" + ("" if cut == "none" else f" cut={cut}")
-                             + ("" if p == 1 else f" passes={p}"), mode, (1,), None, 1, 1,
-                             "parallelspec", (("depth", str(k + 1)), ("cut", cut), ("passes", str(p))))
-                    for p in passes for cut in cuts for k in ps_ks if k <= n_masks]
+                             + ("" if p == 1 else f" passes={p}") + (f" lookup={n}" if n else ""), mode, (1,), None, 1, 1,
+                             "parallelspec", (("depth", str(k + 1)), ("cut", cut), ("passes", str(p)), ("lookup", str(n))))
+                    for n in lookups for p in passes for cut in cuts for k in ps_ks if k <= n_masks]
         else:
             out.append(ModeSpec(f"{mode} {name} chain={chain}", mode, (1,) * chain, None, 1, 1, None, ()))
     return out
@@ -62,6 +64,8 @@ def main() -> None:
     ap.add_argument("--ps-cut", default="none",
                     help="parallelspec cut options to run (none, cost or none,cost; policies/parallelspec.py)")
     ap.add_argument("--ps-passes", default="1", help="comma-separated ParallelSpec passes per round (policy option passes)")
+    ap.add_argument("--ps-lookup", default="0", help="comma-separated prompt-lookup n-grams to run (policy option "
+                    "lookup; 0: off)")
     ap.add_argument("--chain", type=int, default=3, help="draft tokens per round of the non-ParallelSpec drafters")
     ap.add_argument("--whole-vocab-too", action="store_true",
                     help="also run each drafter that has a draft vocabulary over the whole vocabulary (NAME-allvocab)")
@@ -115,7 +119,8 @@ def main() -> None:
     rows = [{**summarize_reports(ar, greedy, None, tot)[0], "drafter": "none"}]
     for name, engine in engines.items():
         reports = bench_modes(engine, run, specs_for(name, engine.draft, modes, ps_ks, args.chain, cuts,
-                                                        tuple(int(p) for p in args.ps_passes.split(","))), args.repeats,
+                                                        tuple(int(p) for p in args.ps_passes.split(",")),
+                                                        tuple(int(n) for n in args.ps_lookup.split(","))), args.repeats,
                               warmup=args.warmup)
         for row in summarize_reports(ar + reports, greedy, None, tot)[1:]:  # x ar against the one ar run
             rows.append({**row, "drafter": name, "n_masks": getattr(engine.draft, "n_masks", None)})

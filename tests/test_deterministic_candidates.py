@@ -68,5 +68,5 @@ def test_tree_keeps_no_vocabulary_row_for_picked_nodes():
 
 
 def test_tree_rejects_siblings_of_mixed_kinds():
-    with pytest.raises(ValueError, match="mix sampled and deterministic"):
+    with pytest.raises(ValueError, match="deterministic child after a sampled one"):
         DraftTree([-1, -1], [1, 2], torch.ones(1, 6) / 6, q_index=[0, DETERMINISTIC])

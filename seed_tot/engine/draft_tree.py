@@ -9,7 +9,8 @@ Two kinds of nodes, because the verifier needs a different (each exact) rule for
 - *deterministic* nodes (`q_index[i] == -1`) were chosen without randomness (the draft's top
   tokens, OPT-Tree's best paths); the verifier treats them as one-hot proposals without
   replacement, so they cost no vocabulary-sized row at all.
-All children of one node are of one kind (the exact rules do not mix within a sibling group).
+Within one sibling group the deterministic children come first (the verifier tries them, then runs
+the sampled ones against the residual they leave: verify.py).
 """
 from __future__ import annotations
 
@@ -57,10 +58,13 @@ class DraftTree:
                 raise ValueError(f"draft tree node {i} has parent {p}; parents must precede children")
             if not DETERMINISTIC <= self.q_index[i] < rows:
                 raise ValueError(f"draft tree node {i} points at q row {self.q_index[i]}; there are {rows}")
-        kind_of_group: dict[int, bool] = {}
+        sampled_seen: set[int] = set()
         for p, q in zip(self.parents, self.q_index):
-            if kind_of_group.setdefault(p, q == DETERMINISTIC) != (q == DETERMINISTIC):
-                raise ValueError(f"children of draft node {p} mix sampled and deterministic candidates")
+            if q != DETERMINISTIC:
+                sampled_seen.add(p)
+            elif p in sampled_seen:
+                raise ValueError(f"draft node {p} has a deterministic child after a sampled one; deterministic "
+                                 f"candidates must come first in their sibling group")
 
     @classmethod
     def empty(cls, vocab_size: int) -> "DraftTree":

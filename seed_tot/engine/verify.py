@@ -12,7 +12,12 @@ Deterministic children (picked by a policy, not drawn from q) use the same rule 
 proposal without replacement: accept child c with probability residual(c), and on rejection
 zero c in the residual and renormalise -- so c is accepted with probability p(c) given that the
 candidates before it were rejected. The ratio test against q would be biased for them (q(x) = 0.9,
-p(x) = 0.5 would accept 0.556 of the time instead of 0.5).
+p(x) = 0.5 would accept 0.556 of the time instead of 0.5). A sibling group may hold deterministic
+children first and sampled ones after (a prompt-lookup guess beside the drafter's draws): the
+deterministic ones are tried first, and the sampled ones then run the ratio rule against the residual
+they leave. That is exact because the ratio rule is exact against any current distribution r (it
+emits x with probability r(x) overall), and the residual is what the target's p is, given that the
+deterministic candidates were rejected.
 Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
 """
 from __future__ import annotations
@@ -58,14 +63,18 @@ def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
             path.append(match)
             node = match
             continue
-        if tree.deterministic(kids[0]):
-            found, residual = _try_deterministic(tree, kids, p, generator)
+        picked = [c for c in kids if tree.deterministic(c)]  # DraftTree puts them before the sampled ones
+        residual = p
+        if picked:
+            found, residual = _try_deterministic(tree, picked, p, generator)
             if found is not None:
                 path.append(found)
                 node = found
                 continue
-            return Acceptance(path, [tree.tokens[i] for i in path] + [sample(residual, generator)], True)
-        residual = p.clone()
+            kids = kids[len(picked):]
+            if not kids:
+                return Acceptance(path, [tree.tokens[i] for i in path] + [sample(residual, generator)], True)
+        residual = residual.clone()
         q = tree.q(kids[0]).clone()
         for c in kids:
             if not tree.without_replacement:

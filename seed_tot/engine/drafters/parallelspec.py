@@ -82,6 +82,7 @@ class ParallelDrafter(nn.Module):
         self.method = PARALLELSPEC if n_masks else AUTOREGRESSIVE
         self.default_depth: int | None = None  # the parallelspec policy's depth when none is asked for (None: k+1)
         self.default_cut: str | None = None  # the parallelspec policy's cut when none is asked for (None: none)
+        self.default_lookup: int | None = None  # the parallelspec policy's prompt-lookup n-gram (None: 0, off)
         self.mask_base = embed.weight.shape[0]
         with torch.no_grad():  # masks start near the average token, slightly apart so that they can specialise
             mean, std = embed.weight.float().mean(0), embed.weight.float().std()

@@ -162,6 +162,10 @@ def load_drafter(directory, target, target_name: str, draft_vocab: bool = True) 
     if cut is not None and cut not in ("none", "cost"):
         raise ValueError(f"{root / CONFIG}: cut={cut!r} must be 'none' or 'cost'")
     drafter.default_cut = cut
+    lookup = config.get("lookup")  # optional: the parallelspec policy's default prompt-lookup n-gram (0: off)
+    if lookup is not None and not (isinstance(lookup, int) and lookup >= 0):
+        raise ValueError(f"{root / CONFIG}: lookup={lookup!r} must be an integer >= 0 (0: no prompt lookup)")
+    drafter.default_lookup = lookup
     drafter = drafter.to(target.device).eval()
     ids = load_vocab(root) if draft_vocab else None
     if ids is not None:

@@ -167,9 +167,11 @@ class TreeBuilder:
             self.next_entry += 1
         return Feed([self.tokens[n] for n in nodes], parents)
 
-    def tree(self, nodes: list[int] | None = None, with_path_probs: bool = False) -> tuple[DraftTree, dict[int, int]]:
-        """The tree (optionally only `nodes`, a parent-closed subset, renumbered in order)."""
-        keep = list(range(len(self.tokens))) if nodes is None else sorted(nodes)
+    def tree(self, nodes: list[int] | None = None, with_path_probs: bool = False,
+             ordered: bool = False) -> tuple[DraftTree, dict[int, int]]:
+        """The tree (optionally only `nodes`, a parent-closed subset, renumbered in order; ordered: in
+        the order given, which puts parents first)."""
+        keep = list(range(len(self.tokens))) if nodes is None else list(nodes) if ordered else sorted(nodes)
         new = {old: i for i, old in enumerate(keep)}
         rows = sorted({self.q_index[o] for o in keep if self.q_index[o] != DETERMINISTIC})
         row_of = {r: i for i, r in enumerate(rows)}

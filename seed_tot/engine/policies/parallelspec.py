@@ -47,14 +47,23 @@ default) cuts greedy rows jointly and sampled rows alone: a sampled row's tree t
 its own draws, so its sample is the one `sd` gives for the same seed whatever shares its forwards.
 load=all cuts sampled rows jointly too (still exact in distribution: the cut reads only draft-side
 outputs, never the target's), load=off cuts every row alone (base.load_option).
+
+Option lookup=N (the default a drafter.json may name as "lookup"; 0: off) grafts a prompt-lookup
+guess beside the drafter's tree (prompt_lookup.py): the tokens that followed the last occurrence of
+the context's last N (down to 1) tokens, up to the round's depth, sharing the drafted nodes on its
+path. It is picked, not sampled, so the verifier tries it first in its sibling group and then the
+drafter's draws against the residual (verify.py): exact at any temperature. It is added after the
+cut, so it is never priced away: one more chain of verified tokens per round.
 """
 from __future__ import annotations
 
 import torch
 
+from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
 from .auto import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
+from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 
 CUTS = ("none", "cost")
 
@@ -63,7 +72,7 @@ class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
     def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None,
-                 load: str = "greedy", passes: int = 1):
+                 load: str = "greedy", passes: int = 1, lookup: int = 0):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -86,18 +95,23 @@ class ParallelSpecPolicy(DraftPolicy):
                              "drafter reads the target's hidden states, which a drafted token does not have yet: "
                              "use passes=1 with it")
         self.passes = passes
+        if lookup < 0:
+            raise ValueError(f"draft policy 'parallelspec': lookup={lookup} must be >= 0 (0: no prompt lookup)")
+        self.lookup = lookup
         self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
 
     @classmethod
     def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false",
-                     load="greedy", passes=1) -> "ParallelSpecPolicy":
+                     load="greedy", passes=1, lookup=None) -> "ParallelSpecPolicy":
         cut = cut or getattr(engine.draft, "default_cut", None) or "none"
         if cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
         costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
                  if cut == "cost" else None)
+        if lookup is None:  # a drafter directory may name it ("lookup" in drafter.json)
+            lookup = getattr(engine.draft, "default_lookup", None) or 0
         return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs,
-                   load, option(cls.name, "passes", passes, int, 1))
+                   load, option(cls.name, "passes", passes, int, 1), option(cls.name, "lookup", lookup, int, 0))
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         jointly = planned_together(seqs, self.load)
@@ -108,18 +122,19 @@ class ParallelSpecPolicy(DraftPolicy):
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs,
-                                 self._joint.pop(id(seq), None), self.passes)
+                                 self._joint.pop(id(seq), None), self.passes, self.lookup)
 
 
 class ParallelSpecRound(DraftRound):
     def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None,
-                 joint: "_JointCut | None" = None, passes: int = 1):
+                 joint: "_JointCut | None" = None, passes: int = 1, lookup: int = 0):
         self.b = builder
         self.joint = joint
         self.widths = widths[: max(1, builder.remaining)]  # no point drafting past the budget
         self.mask_ids = mask_ids[: len(self.widths) - 1]
         self.costs = costs
         self.passes, self.passes_run = passes, 0
+        self.lookup = lookup
         self.levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
         self.level_nodes: list[list[int]] = []  # the builder's node ids, level by level
         # per node of the newest level (the root at first): the drafter rows its children's levels are
@@ -205,15 +220,19 @@ class ParallelSpecRound(DraftRound):
         return best
 
     def finish(self):
-        levels = self.levels
+        levels, b = self.levels, self.b
         if self.joint is not None:
-            kept = self.joint.kept(id(self.b.seq))
+            kept = self.joint.kept(id(b.seq))
         else:
             kept = self._cut(levels) if self.costs is not None else len(levels)
-        if kept == len(levels):
-            return self.b.tree()
         # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
-        return self.b.tree([n for nodes in self.level_nodes[:kept] for n in nodes])
+        nodes = [n for level in self.level_nodes[:kept] for n in level]
+        if self.lookup:
+            # it shares only kept picked nodes: never one the cut dropped, never a sampled one (prompt_lookup.py)
+            picked = [n for n in nodes if b.q_index[n] == DETERMINISTIC]
+            nodes += graft_chain(b, lookup_continuation(b.seq.tokens, self.lookup, len(self.widths)), picked)
+            return b.tree(picked_first(b.parents, b.q_index, nodes), ordered=True)
+        return b.tree() if kept == len(levels) else b.tree(nodes)
 
 
 class _JointCut:

@@ -1,0 +1,66 @@
+"""Prompt lookup: guess the next tokens by copying what followed the context's last n tokens the last
+time they occurred (Saxena 2023, "prompt lookup decoding"; transformers' `prompt_lookup_num_tokens`,
+vLLM's n-gram speculator). It costs no model forward.
+
+Why the ParallelSpec policy grafts it beside its drafter: a ToT step's thoughts copy the question's
+names, numbers and phrases, which a one-layer drafter over a draft vocabulary guesses badly. Measured
+on the first 20 GSM8K test thought prompts (greedy, the embedded SmolLM2 and its shipped drafter):
+the drafter's q_1 top token is the target's next token at 53% of positions; a 3-gram lookup matches
+at 69% of positions and is then right 60% of the time, and it is right at 18% of all positions
+where the drafter is wrong.
+
+The guess is deterministic (picked, not drawn from a q), so the verifier takes it as a one-hot
+proposal (verify.py): exact for greedy and sampled rows alike.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def lookup_continuation(tokens: list[int], ngram: int, length: int) -> list[int]:
+    """Up to `length` tokens that followed the most recent earlier occurrence of the last n tokens of
+    `tokens`, trying n = ngram down to 1; [] when no n finds a match (or length < 1)."""
+    if length < 1 or len(tokens) < 2:
+        return []
+    t = torch.tensor(tokens)
+    for n in range(min(ngram, len(tokens) - 1), 0, -1):
+        # windows that start at 0..len-1-n: each has a token after it, and the suffix itself is not one
+        windows = t[:-1].unfold(0, n, 1)
+        hits = (windows == t[-n:]).all(-1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return tokens[start: start + length]
+    return []
+
+
+def graft_chain(builder, chain: list[int], shared: list[int]) -> list[int]:
+    """Add `chain` below the root as picked nodes, sharing the `shared` nodes already drafted on its
+    path (a trie): follow a shared child with the chain's token while there is one, then add the
+    rest as a new branch. Returns the new nodes (the builder's ids).
+
+    Only picked nodes may be shared. Sharing a sampled node would make whether the guess is tried
+    depend on the draws (tried only when no draw equals it), and the draws that remain would no
+    longer be samples of q: with one draw x ~ q and a guess c, c would come out with probability
+    q(c) min(1, p(c)/q(c)) + (1 - q(c)) p(c), above p(c). Kept apart, the guess is tried first and
+    the draws, still independent samples of q, run against the residual (verify.py)."""
+    children: dict[int, dict[int, int]] = {}
+    for node in sorted(shared):
+        children.setdefault(builder.parents[node], {}).setdefault(builder.tokens[node], node)
+    parent, added = -1, []
+    for token in chain:
+        existing = None if added else children.get(parent, {}).get(token)
+        if existing is not None:
+            parent = existing
+            continue
+        parent = builder.add(parent, token, None, 0.0)
+        added.append(parent)
+    return added
+
+
+def picked_first(parents: list[int], q_index: list[int], nodes: list[int]) -> list[int]:
+    """`nodes` (parent-closed) in an order the verifier can take: parents before children, and in
+    every sibling group the picked nodes before the sampled ones, sampled ones in draw order."""
+    depth: dict[int, int] = {}
+    for n in sorted(nodes):
+        depth[n] = 1 + depth.get(parents[n], 0)
+    return sorted(nodes, key=lambda n: (depth[n], q_index[n] >= 0, n))
