@@ -9,7 +9,9 @@ Kinds: `thought`, each question's first-step thought prompt (what ToT's generato
 `value`, the value prompt of the state holding the question's first gold solution line (what the
 evaluator asks). Greedy `sd` (acceptance at T=0 is a property of the two models, not of the mode or
 the machine: seed drafts and accepts the same tokens), one draft shape per row of the table.
-Acceptance = accepted / draft depth offered (GenerationStats), tau = tokens per target verification.
+Acceptance = accepted / draft depth offered (GenerationStats), tau = tokens per target verification;
+where a round's tree branches (a lookup guess beside the drafter's chain) it verifies more nodes
+than its depth, so rows also give nodes per round and accepted per node.
 Nothing here is timed; speed comes from benchmarks/drafters.py.
 """
 from __future__ import annotations
@@ -59,9 +61,11 @@ def measure(engine: Engine, prompts: list[str], params: SamplingParams, depth: i
     accepted = [r.stats.accepted for r in results]
     offered = [r.stats.draft_depth for r in results]
     tokens, rounds = sum(r.stats.new_tokens for r in results), sum(r.stats.verifications for r in results)
+    drafted = sum(r.stats.drafted for r in results)  # tree nodes verified: above the depth when a tree branches
     low, high = bootstrap_ci(accepted, offered)
     return {"acceptance": sum(accepted) / max(sum(offered), 1), "ci95": [round(low, 4), round(high, 4)],
             "tau": tokens / max(rounds, 1), "tokens": tokens, "prompts": len(prompts),
+            "accepted_per_node": sum(accepted) / max(drafted, 1), "nodes_per_round": drafted / max(rounds, 1),
             "token_ids": [r.token_ids for r in results]}
 
 
@@ -116,10 +120,11 @@ def main() -> None:
                     rows.append({"drafter": name, "depth": k + 1, "options": label, "kind": kind, **row})
                     log.info("%s depth %d %s %s: acceptance %.3f %s, tau %.2f", name, k + 1, label, kind,
                              row["acceptance"], row["ci95"], row["tau"])
-    sys.stderr.write("| drafter | depth | options | kind | acceptance [95% CI over questions] | tokens / target fwd |\n"
-                     "| --- | --- | --- | --- | --- | --- |\n")
+    sys.stderr.write("| drafter | depth | options | kind | acceptance [95% CI over questions] | tokens / target fwd "
+                     "| nodes / round | accepted / node |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
     sys.stderr.write("".join(f"| {r['drafter']} | {r['depth']} | {r['options']} | {r['kind']} | {r['acceptance']:.3f} "
-                             f"[{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}] | {r['tau']:.2f} |\n" for r in rows))
+                             f"[{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}] | {r['tau']:.2f} | {r['nodes_per_round']:.2f} "
+                             f"| {r['accepted_per_node']:.3f} |\n" for r in rows))
     if args.json:
         payload = {"command": " ".join(["python"] + sys.argv), "target": base.target_name,
                    "questions": args.questions, "max_new_tokens": args.max_new_tokens, "rows": rows}
