@@ -5,18 +5,17 @@ target's and sampled output has its distribution, chain and tree, sd and batched
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pytest
 import torch
 
-from conftest import reference_greedy, tiny_model
+from conftest import reference_greedy
 from test_parallelspec import PROMPT, drafter, target  # noqa: F401 (fixtures)
 from test_parallelspec_cut import STEEP
-from test_sampling_lossless import SAMPLES, SETTINGS, VOCAB, exact_distribution, tv, tv_bound
+from test_sampling_lossless import SAMPLES, assert_policy_samples_follow_the_target, parallelspec_pair
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.draft_tree import DETERMINISTIC, DraftTree
-from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
+from seed_tot.engine.drafters import load_drafter, save_drafter
 from seed_tot.engine.policies.base import TreeBuilder
 from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
 from seed_tot.engine.policies.prompt_lookup import graft_chain, lookup_continuation, picked_first
@@ -158,18 +157,10 @@ def test_sampled_output_follows_the_target_distribution_with_lookup(mode, k_conf
 
     context = [1, 4, 2, 5, 1, 4, 2]  # "4 2" occurred before: the guess is "5 1"
     monkeypatch.setattr(fixture, "PROMPT", context)
-    target = tiny_model("llama", seed=21, vocab=VOCAB)
-    torch.manual_seed(0)
-    drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
-    params = SETTINGS[setting]
+    target, drafter = parallelspec_pair()
     policy = ParallelSpecPolicy(drafter, k_config, depth=2, lookup=2)
-    results = Engine(target, drafter).generate([context] * SAMPLES, params, mode=mode, k_config=k_config,
-                                               n_workers=8, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    assert_policy_samples_follow_the_target(target, drafter, policy, setting, mode, k_config, batch)
     assert _lookup_rounds(policy) > SAMPLES // 2
-    stats = [r.stats for r in results]
-    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
-    exact = exact_distribution(target, params)
-    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
 
 
 def test_lookup_option_and_drafter_json_default(tmp_path, target, drafter):

@@ -76,6 +76,34 @@ def sample_through_engine(target, draft, setting: str, mode: str, k_config, batc
     return results, exact_distribution(target, params)
 
 
+def parallelspec_pair(confident: bool = False):
+    """This file's target and an untrained one-mask ParallelSpec drafter over it; confident: its final
+    norm scaled 3x, so that its p̂ spans 0..1 like a trained drafter's."""
+    from seed_tot.engine.drafters import ParallelDrafter
+
+    target = tiny_model("llama", seed=21, vocab=VOCAB)
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
+    if confident:
+        with torch.no_grad():
+            drafter.model.norm.weight.mul_(3.0)
+    return target, drafter
+
+
+def assert_policy_samples_follow_the_target(target, drafter, policy, setting: str, mode: str, k_config,
+                                            batch: int | None) -> list:
+    """SAMPLES continuations of PROMPT (read when called, so a test may patch it) through `policy`:
+    drafts both accepted and rejected, and the samples within the TV bound. Returns the results."""
+    params = SETTINGS[setting]
+    results = Engine(target, drafter).generate([PROMPT] * SAMPLES, params, mode=mode, k_config=k_config,
+                                               n_workers=8, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    stats = [r.stats for r in results]
+    assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
+    exact = exact_distribution(target, params)
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+    return results
+
+
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_model("llama", seed=21, vocab=VOCAB)
