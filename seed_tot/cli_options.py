@@ -26,7 +26,8 @@ def model_options(fn):
         click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct)."),
         click.option("--draft", default=None, help="Hub id, local dir or .gguf file, or a drafter dir from `seed-tot train-drafter` "
                                                    "(default: the drafter shipped for the target, else the target's first --draft-layers "
-                                                   "layers; 'self' names those layers)."),
+                                                   "layers; 'self' names those layers; 'lookup': no draft model, drafts by "
+                                                   "prompt lookup)."),
         click.option("--draft-layers", default=4, show_default=True, help="Depth of the layer-truncated self-draft."),
         click.option("--device", default="auto", show_default=True),
         click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)."),
@@ -41,10 +42,11 @@ def policy_options(fn):
 
     for option in reversed([
         click.option("--draft-policy", type=click.Choice(POLICIES), default=None,
-                     help="fixed (k_config shapes, the default), opt-tree, specdec, auto, or parallelspec "
-                          "(the default with a ParallelSpec --draft DIR)."),
+                     help="fixed (k_config shapes, the default), opt-tree, specdec, auto, parallelspec "
+                          "(the default with a ParallelSpec --draft DIR), or lookup (prompt lookup, no draft model; "
+                          "the default with --draft lookup)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
-                     help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2."),
+                     help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2, ngram=3."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
                      help="specdec: the acceptance head directory from `seed-tot train-head`."),
     ]):

@@ -12,7 +12,7 @@ import torch
 
 from .kv_cache import layout_of
 from .masks import UnsupportedAttention
-from .models import DEFAULT_DRAFT_LAYERS, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
+from .models import DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
 from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
@@ -33,6 +33,7 @@ class Engine:
         self.draft = draft_model.eval() if draft_model is not None else None
         self.tokenizer = tokenizer
         self.target_name, self.draft_name = target_name, draft_name
+        self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)
         model_vocab = target_model.get_output_embeddings().weight.shape[0]
         # sample only over real tokens: the embedding matrix may be padded past the tokenizer
         self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else model_vocab)
@@ -67,7 +68,8 @@ class Engine:
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
         embedded SmolLM2-135M-Instruct. No draft: the drafter shipped in the package for this target
         (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
-        draft="self" asks for those layers by name. A draft directory from `seed-tot train-drafter` is
+        draft="self" asks for those layers by name; draft="lookup" loads no draft model and drafts by
+        prompt lookup (the `lookup` policy, policies/prompt_lookup.py). A draft directory from `seed-tot train-drafter` is
         a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
@@ -85,6 +87,10 @@ class Engine:
         tokenizer = load_tokenizer(target)
         from .drafters import is_drafter_dir, load_drafter, shipped_drafter_for
         self_draft = draft == SELF_DRAFT
+        if draft == PROMPT_LOOKUP:  # no draft model: its calls default to the `lookup` policy
+            engine = cls._load(target, None, dev, dtype, draft_layers, False, forward_thread)
+            engine.draft_name, engine.default_policy = "prompt lookup", "lookup"
+            return engine
         drafter_dir = load_draft and draft is not None and not self_draft and is_drafter_dir(draft)  # shares the target's vocabulary
         if load_draft and draft is not None and not self_draft and not drafter_dir:  # tokenizers first: a mismatch fails before any weights load
             check_same_vocabulary(tokenizer, load_tokenizer(draft), target, draft)
@@ -189,12 +195,13 @@ class Engine:
                               draft_policy, policy_options) -> list[GenerationResult]:
         """ar, sd, mcsd one sequence after another, and the static parallel batch (see `_scheduled`)."""
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, prefill=mode != "parallel")
+        k_config, policy = self._call_policy(mode, k_config, params, draft_policy, policy_options)
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, prefill=mode != "parallel",
+                                     policy=policy)
         if mode == "parallel":  # a model that cannot share forwards across calls (see _scheduled)
             from .parallel import generate_parallel
             generate_parallel(self.target, seqs, params, self.vocab_size)
         else:
-            policy = self.policy(mode, k_config, params, draft_policy, policy_options)
             for seq in seqs:
                 self._run_serial(seq, mode, policy, params)
         return self._finish(seqs, start)
@@ -215,12 +222,14 @@ class Engine:
         if mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
             n_workers, verify_batch, draft_batch = None, None, 1
         start = time.perf_counter()
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch, prefill=False)
+        k_config, policy = self._call_policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
+        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch, prefill=False,
+                                     policy=policy)
+        with_draft = _feeds_draft(policy)
         if self.forward_thread is not None:  # on the thread that runs every other forward of this engine
-            await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, mode in DRAFTING_MODES))
+            await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, with_draft))
         else:
-            self._prefill_shared(seqs, with_draft=mode in DRAFTING_MODES)
-        policy = self.policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
+            self._prefill_shared(seqs, with_draft=with_draft)
         loop = asyncio.get_running_loop()
         scheduler = self._seed_schedulers.get(loop)
         if scheduler is None:  # one scheduler per event loop serves every concurrent call on it
@@ -288,44 +297,56 @@ class Engine:
             return False
         return True
 
-    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | None = 1,
-               draft_batch: int | None = 1, prefill: bool = True):
+    def _call_policy(self, mode: str, k_config, params: SamplingParams, draft_policy, policy_options):
+        """A call's checked k_config and its DraftPolicy (None: ar, parallel), before any forward."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
         k_config = check_k_config(k_config)
-        if mode in DRAFTING_MODES and self.draft is None:
-            raise ValueError(f"mode {mode!r} needs a draft model")
+        return k_config, self.policy(mode, k_config, params, draft_policy, policy_options)
+
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | None = 1,
+               draft_batch: int | None = 1, prefill: bool = True, policy=None):
+        """The call's sequences (prefilled unless prefill=False). `policy`: the call's DraftPolicy; one
+        that never feeds the draft model (prompt lookup) gets no draft caches and no draft checks."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        k_config = check_k_config(k_config)
+        with_draft = mode in DRAFTING_MODES and (policy is None or policy.uses_draft_model)
+        if with_draft and self.draft is None:
+            raise ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
+                             f"lookup without one)")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         encoded = self.encode(prompts)
         single = len(encoded) == 1
-        self._check_attention(mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch)
-        self._check_context(encoded, params, mode)
+        self._check_attention(mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch, with_draft)
+        self._check_context(encoded, params, with_draft)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
         seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
         if prefill:  # the static parallel batch scores its prompts inside its first decode forward
-            self._prefill_shared(seqs, with_draft=mode in DRAFTING_MODES)
+            self._prefill_shared(seqs, with_draft=with_draft)
         return seqs, k_config
 
     def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | None,
-                         draft_batch: int | None = 1) -> None:
+                         draft_batch: int | None = 1, with_draft: bool = True) -> None:
         """Refuse, before any forward, a setting whose 4D masks a model cannot take exactly."""
         tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
         if tree:
             what = f"mode {mode} with the tree k_config {','.join(map(str, k_config))}"
             layout_of(self.target).check_tree_masks(what)
-            layout_of(self.draft).check_tree_masks(what)
+            if with_draft:
+                layout_of(self.draft).check_tree_masks(what)
         if mode == "seed" and verify_batch != 1:
             layout_of(self.target).check_tree_masks(f"seed with verify_batch={verify_batch}")
-        if mode == "seed" and draft_batch != 1:
+        if mode == "seed" and draft_batch != 1 and with_draft:
             layout_of(self.draft).check_tree_masks(f"seed with draft_batch={draft_batch}")
 
-    def _check_context(self, encoded: list[list[int]], params: SamplingParams, mode: str) -> None:
+    def _check_context(self, encoded: list[list[int]], params: SamplingParams, with_draft: bool) -> None:
         """Models with learned absolute positions (GPT-2, OPT) cannot go past their table: say so up front.
         Rotary models keep going past max_position_embeddings, as they do in transformers' generate."""
         longest = max(len(ids) for ids in encoded) + params.max_new_tokens
         models = [(self.target, self.target_name)]
-        if mode in DRAFTING_MODES:
+        if with_draft:
             models.append((self.draft, self.draft_name))
         for model, name in models:
             limit = layout_of(model).max_positions
@@ -389,7 +410,11 @@ class Engine:
                 raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
-        name = draft_policy or getattr(self.draft, "default_policy", "fixed")  # a ParallelSpec drafter: parallelspec
+        # a ParallelSpec drafter: parallelspec; an engine loaded with draft="lookup": lookup
+        name = draft_policy or self.default_policy or getattr(self.draft, "default_policy", "fixed")
+        if self.draft is None and name != "lookup":
+            raise ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
+                             f"lookup without one)")
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         cache = self.__dict__.setdefault("_policies", {})
@@ -398,7 +423,7 @@ class Engine:
         return cache[key]
 
     def _check_feature_policy(self, name: str) -> None:
-        if self.target_hidden is not None and name != "parallelspec":
+        if self.target_hidden is not None and name not in ("parallelspec", "lookup"):
             raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
                              f"the target's hidden states, which drafted tokens do not have: use the "
                              f"'parallelspec' policy (the default for it)")
@@ -439,6 +464,11 @@ class _BackgroundLoop:
         except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
             future.cancel()
             raise
+
+
+def _feeds_draft(policy) -> bool:
+    """Whether a call with this policy (None: ar, parallel) runs the draft model."""
+    return policy is not None and policy.uses_draft_model
 
 
 def summarize(results: list[GenerationResult]) -> GenerationStats:

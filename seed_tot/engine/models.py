@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_DRAFT_LAYERS = 4
 SELF_DRAFT = "self"  # --draft self: the target's first --draft-layers layers, even where a drafter ships
+PROMPT_LOOKUP = "lookup"  # --draft lookup: no draft model; drafts are prompt lookups (policies/prompt_lookup.py)
 
 
 def default_target() -> str:

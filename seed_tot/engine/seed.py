@@ -14,7 +14,9 @@ sampling params, so what it generates never depends on what else shares its forw
 A call with policy None drafts nothing: each of its rounds is an empty tree verified by the target,
 i.e. one plain decode step per row. That is the `parallel` baseline under continuous batching: its
 rows share target forwards with every other queued row (verify_batch None) and never touch a draft
-model or draft cache, so an engine without a draft model serves it.
+model or draft cache, so an engine without a draft model serves it. A policy that drafts without
+the draft model (`lookup`: prompt lookup) is run inline by its worker, which then requeues at once
+like a `parallel` row.
 
 Why threads under asyncio: the event loop only schedules; every model forward runs in an
 executor thread, so the target really computes while other workers draft (torch releases the GIL
@@ -222,6 +224,8 @@ class SeedScheduler:
                 try:
                     if call.policy is None:  # a plain target step: nothing to draft, no draft model
                         tree, node_entry = DraftTree.empty(engine.vocab_size), {}
+                    elif not call.policy.uses_draft_model:  # prompt lookup: no forward, so no wait for one
+                        tree, node_entry = draft_round(None, seq, call.policy, seq.rule.params, engine.vocab_size)
                     elif call.draft_batch == 1:
                         tree, node_entry = await loop.run_in_executor(
                             self._draft_pool, self._streams.run, draft_round, engine.draft, seq, call.policy,

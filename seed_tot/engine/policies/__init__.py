@@ -10,6 +10,8 @@
               batched round, of the whole round's rows together (load-aware, auto.py)
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
+    lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
+              last n tokens (prompt lookup decoding; prompt_lookup.py)
 
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
     policy.plan_batch(seqs, rows)                            before a batched round: its rows, the round's size
@@ -37,7 +39,7 @@ import inspect
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 from .fixed import FixedPolicy
 
-POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec")
+POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup")
 
 __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "make_policy",
            "parse_policy_options"]
@@ -69,6 +71,9 @@ def _policy_class(name: str):
     if name == "parallelspec":
         from .parallelspec import ParallelSpecPolicy
         return ParallelSpecPolicy
+    if name == "lookup":
+        from .prompt_lookup import PromptLookupPolicy
+        return PromptLookupPolicy
     raise ValueError(f"unknown draft policy {name!r}; expected one of {', '.join(POLICIES)}")
 
 

@@ -90,6 +90,8 @@ class DraftPolicy:
 
     name = "policy"
     capture = None  # a HiddenCapture when rounds need the draft's hidden states
+    # False: rounds never feed the draft model (prompt lookup), so its rows need no draft cache
+    uses_draft_model = True
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         raise NotImplementedError
@@ -129,7 +131,7 @@ class TreeBuilder:
         self.q_rows: list[torch.Tensor] = []
         self.path_probs: list[float] = []
         self.node_entry: dict[int, int] = {}
-        self.next_entry = len(seq.draft.parents)
+        self.next_entry = len(seq.draft.parents) if seq.draft is not None else 0
         self.root_entry = -1
         self.remaining = params.max_new_tokens - len(seq.generated)
 

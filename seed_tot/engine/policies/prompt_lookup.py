@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from ..params import SamplingParams
+from .base import DraftPolicy, DraftRound, TreeBuilder, option
+
 
 def lookup_continuation(tokens: list[int], ngram: int, length: int) -> list[int]:
     """Up to `length` tokens that followed the most recent earlier occurrence of the last n tokens of
@@ -64,3 +67,52 @@ def picked_first(parents: list[int], q_index: list[int], nodes: list[int]) -> li
     for n in sorted(nodes):
         depth[n] = 1 + depth.get(parents[n], 0)
     return sorted(nodes, key=lambda n: (depth[n], q_index[n] >= 0, n))
+
+
+class PromptLookupPolicy(DraftPolicy):
+    """`lookup`: draft with no model at all. Each round's draft is the lookup's continuation of the
+    sequence (`lookup_continuation`), a chain of up to `depth` picked tokens; a round whose context
+    has no match drafts nothing and is a plain target step. vLLM's n-gram speculator and transformers'
+    prompt lookup decoding do the same.
+
+    Why it is a policy of its own: with a draft model that costs a third of the target's forward
+    (issue 10's Qwen 0.5B/1.5B pair on a CPU) no draft plan beats batched AR (`parallel`), but a
+    draft that costs nothing can, wherever the output copies its prompt: a ToT value prompt's
+    verdict repeats the state it judges, a thought repeats the question's names and numbers. Its
+    rows need no draft cache and no draft prefill (`uses_draft_model`), so an engine without a draft
+    model serves it, and a SEED worker drafts it inline instead of waiting for a draft forward.
+
+    Options: ngram (the longest suffix matched, falling back to shorter ones; default 3) and depth
+    (tokens drafted per round; default len(k_config), the chain `sd` drafts)."""
+
+    name = "lookup"
+    uses_draft_model = False
+
+    def __init__(self, ngram: int = 3, depth: int = 3):
+        if ngram < 1:
+            raise ValueError(f"draft policy 'lookup': ngram={ngram} must be >= 1")
+        if depth < 1:
+            raise ValueError(f"draft policy 'lookup': depth={depth} must be >= 1")
+        self.ngram, self.depth = ngram, depth
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, ngram=3, depth=None) -> "PromptLookupPolicy":
+        return cls(option(cls.name, "ngram", ngram, int, 1),
+                   len(k_config) if depth is None else option(cls.name, "depth", depth, int, 1))
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        return _LookupRound(TreeBuilder(seq, params, vocab_size), self.ngram, self.depth)
+
+
+class _LookupRound(DraftRound):
+    def __init__(self, builder: TreeBuilder, ngram: int, depth: int):
+        self.b, self.ngram, self.depth = builder, ngram, depth
+
+    def first_feed(self) -> None:
+        return None  # no model forward: the whole round is in finish()
+
+    def finish(self):
+        b = self.b
+        # picked, not drawn: the verifier takes each as a one-hot proposal, exact at any temperature
+        graft_chain(b, lookup_continuation(b.seq.tokens, self.ngram, min(self.depth, b.remaining)), [])
+        return b.tree()
