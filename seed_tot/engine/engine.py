@@ -165,8 +165,8 @@ class Engine:
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
         workers drafted per draft forward (None: all that are ready; 1: one thread per worker, the paper's;
         "auto", the default: see `resolve_batches`).
-        draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto" or a
-        DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
+        draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto", "parallelspec",
+        "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         params = params or SamplingParams()
