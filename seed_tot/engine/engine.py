@@ -225,7 +225,7 @@ class Engine:
         k_config, policy = self._call_policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
         seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch, prefill=False,
                                      policy=policy)
-        with_draft = _feeds_draft(policy)
+        with_draft = _with_draft(mode, policy)
         if self.forward_thread is not None:  # on the thread that runs every other forward of this engine
             await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, with_draft))
         else:
@@ -299,22 +299,17 @@ class Engine:
 
     def _call_policy(self, mode: str, k_config, params: SamplingParams, draft_policy, policy_options):
         """A call's checked k_config and its DraftPolicy (None: ar, parallel), before any forward."""
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-        k_config = check_k_config(k_config)
+        k_config = _checked(mode, k_config)
         return k_config, self.policy(mode, k_config, params, draft_policy, policy_options)
 
     def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | None = 1,
                draft_batch: int | None = 1, prefill: bool = True, policy=None):
         """The call's sequences (prefilled unless prefill=False). `policy`: the call's DraftPolicy; one
         that never feeds the draft model (prompt lookup) gets no draft caches and no draft checks."""
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-        k_config = check_k_config(k_config)
-        with_draft = mode in DRAFTING_MODES and (policy is None or policy.uses_draft_model)
+        k_config = _checked(mode, k_config)
+        with_draft = _with_draft(mode, policy)
         if with_draft and self.draft is None:
-            raise ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
-                             f"lookup without one)")
+            raise _needs_draft(mode)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         encoded = self.encode(prompts)
@@ -413,8 +408,7 @@ class Engine:
         # a ParallelSpec drafter: parallelspec; an engine loaded with draft="lookup": lookup
         name = draft_policy or self.default_policy or getattr(self.draft, "default_policy", "fixed")
         if self.draft is None and name != "lookup":
-            raise ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
-                             f"lookup without one)")
+            raise _needs_draft(mode)
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         cache = self.__dict__.setdefault("_policies", {})
@@ -466,9 +460,21 @@ class _BackgroundLoop:
             raise
 
 
-def _feeds_draft(policy) -> bool:
-    """Whether a call with this policy (None: ar, parallel) runs the draft model."""
-    return policy is not None and policy.uses_draft_model
+def _checked(mode: str, k_config) -> tuple[int, ...]:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    return check_k_config(k_config)
+
+
+def _with_draft(mode: str, policy) -> bool:
+    """Whether a call runs the draft model: a drafting mode whose policy feeds it (policy None there:
+    a caller that has not built one yet, which drafts with the model)."""
+    return mode in DRAFTING_MODES and (policy is None or policy.uses_draft_model)
+
+
+def _needs_draft(mode: str) -> ValueError:
+    return ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
+                      f"lookup without one)")
 
 
 def summarize(results: list[GenerationResult]) -> GenerationStats:
