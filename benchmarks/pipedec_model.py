@@ -43,6 +43,7 @@ def layer_cost(model, width: int, prefix: int, repeats: int) -> float:
     """Seconds for one decoder layer over `width` new tokens that see a `prefix`-token KV cache."""
     from transformers import DynamicCache
 
+    from seed_tot.engine.cache_argument import cache_kwargs
     from seed_tot.engine.kv_cache import layout_of
     from seed_tot.engine.pipeline.stages import tree_mask
     layer, rotary = model.model.layers[0], model.model.rotary_emb
@@ -51,14 +52,14 @@ def layer_cost(model, width: int, prefix: int, repeats: int) -> float:
     cache = DynamicCache()
     past = torch.randn(1, prefix, hidden, dtype=dtype, device=device)
     pos, mask = tree_mask(layout, 0, [i - 1 for i in range(prefix)], 0, dtype, device)
-    layer(past, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-          position_embeddings=rotary(past, position_ids=pos))
+    layer(past, attention_mask=mask, position_ids=pos, use_cache=True,
+          position_embeddings=rotary(past, position_ids=pos), **cache_kwargs(layer, cache))
     x = torch.randn(1, width, hidden, dtype=dtype, device=device)
     pos, mask = tree_mask(layout, prefix, [-1] * width, 0, dtype, device)
     emb = rotary(x, position_ids=pos)
 
     def step():
-        layer(x, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, position_embeddings=emb)
+        layer(x, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=emb, **cache_kwargs(layer, cache))
         for cache_layer in cache.layers:  # drop what this step appended: every repeat sees the same prefix
             if cache_layer.keys is not None and cache_layer.keys.shape[-2] > prefix:
                 cache_layer.keys, cache_layer.values = cache_layer.keys[..., :prefix, :], cache_layer.values[..., :prefix, :]

@@ -9,11 +9,18 @@ compared with `parallel`'s round (every row one token, one target forward):
 once with the calibrated draft cost and once with a free draft (what a drafter costing nothing
 could reach). Nothing here runs a model: the costs are the `auto` calibration of a target/draft
 pair (`seed-tot` caches it in ~/.cache/seed-tot/calibration.json the first time `auto` or
-`cut=cost` runs; `--calibrate` measures it now). Overheads the model leaves out (the draft's prefill,
+`cut=cost` runs; `--measure` measures it now). Overheads the model leaves out (the draft's prefill,
 scheduling) only lower what is reachable, so a ceiling below a goal shows the goal is out of reach
 on that hardware with that pair.
 
     python benchmarks/speculation_ceiling.py --key qwen2.5-coder-1.5b --alpha 0.56,0.7,0.8 --rows 1,3,9,18,36
+
+`--measure` calibrates a pair first (the embedded default unless --target/--draft say otherwise):
+
+    python benchmarks/speculation_ceiling.py --measure --alpha 0.45,0.52 --rows 1,3,9
+
+The calibration times one row of n tokens over a 64-token history, so it leaves out what a forward
+of many long rows adds (see benchmarks/row_forward_cost.py).
 """
 from __future__ import annotations
 
@@ -43,14 +50,28 @@ def load_entry(key: str) -> tuple[str, Costs]:
                                             for k in ("target_points", "draft_points")}})
 
 
+def measured(target: str | None, draft: str | None) -> tuple[str, Costs]:
+    """Calibrate (or read the cached calibration of) this pair on this machine."""
+    from seed_tot import Engine
+    from seed_tot.engine.policies.auto import _key, load_costs
+
+    engine = Engine.from_pretrained(target, draft)
+    return _key(engine), load_costs(engine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--key", required=True, help="a substring of the calibration's key (target|draft|device|dtype)")
+    parser.add_argument("--key", help="a substring of the calibration's key (target|draft|device|dtype)")
+    parser.add_argument("--measure", action="store_true", help="calibrate --target/--draft now (cached)")
+    parser.add_argument("--target", help="with --measure: hub id, local dir or .gguf (default: embedded)")
+    parser.add_argument("--draft", help="with --measure: its draft (default: the shipped one)")
     parser.add_argument("--alpha", default="0.3,0.56,0.7,0.8,0.9")
     parser.add_argument("--rows", default="1,3,9,18,36")
     parser.add_argument("--max-len", type=int, default=8)
     args = parser.parse_args()
-    key, costs = load_entry(args.key)
+    if args.measure == bool(args.key):
+        parser.error("give exactly one of --key (a cached calibration) and --measure")
+    key, costs = measured(args.target, args.draft) if args.measure else load_entry(args.key)
     free = Costs(costs.target_fixed_s, costs.target_per_token_s, 0.0, costs.target_points, ((1, 0.0), (2, 0.0)))
     alphas = [float(a) for a in args.alpha.split(",")]
     print(f"calibration: {key}")

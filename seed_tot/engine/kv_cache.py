@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from . import row_attention
+from .cache_argument import cache_kwargs
 from .masks import AttentionLayout, build_attention_mask, tree_visibility
 from .query_padding import padded_rows
 from .target_features import padded_features
@@ -110,7 +111,7 @@ class KVCache:
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         keep.update(_feature_inputs(model, None if features is None else [features], len(tokens)))
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
-                    attention_mask=mask, past_key_values=self.cache, use_cache=True, **keep)
+                    attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
         self.parents = all_parents
         if not pad:
             return out.logits[0]
@@ -184,7 +185,7 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     extra = _feature_inputs(model, features, n_query)
     with row_attention.active_batch(batch):
         out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
-                    past_key_values=batch, use_cache=True, **extra)
+                    use_cache=True, **cache_kwargs(model, batch), **extra)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         kv.parents = kv.parents + list(pars)
@@ -232,7 +233,7 @@ def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache],
     copy_s = time.perf_counter() - copy_start
     extra = _feature_inputs(model, features, n_query)
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
-                attention_mask=mask, past_key_values=stacked, use_cache=True, **extra)
+                attention_mask=mask, use_cache=True, **cache_kwargs(model, stacked), **extra)
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
         for layer_idx, layer in enumerate(stacked.layers):

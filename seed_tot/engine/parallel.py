@@ -16,6 +16,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from .cache_argument import cache_kwargs
 from .params import SamplingParams
 from .sampling import process_logits, sample
 from .sequence import Sequence
@@ -33,7 +34,7 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
     while True:
         start = time.perf_counter()
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+                       use_cache=True, **cache_kwargs(model, cache)).logits[:, -1]
         probs = process_logits(logits, params, vocab_size)
         busy = time.perf_counter() - start
         next_ids = []

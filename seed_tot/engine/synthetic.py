@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .cache_argument import cache_kwargs, either_cache
 from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -130,13 +131,14 @@ class OracleLM(nn.Module):
         return self.model.get_output_embeddings()
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, past_key_values=None, use_cache: bool = True,
-                **kwargs: Any) -> OracleOutput:
+                attention_mask: torch.Tensor | None = None, cache=None, use_cache: bool = True,
+                past_key_values=None, **kwargs: Any) -> OracleOutput:
+        cache = either_cache(cache, past_key_values)  # transformers' new name and its old one
         if position_ids is None:  # the engine always passes them; this keeps the module usable alone
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+                         use_cache=use_cache, **cache_kwargs(self.model, cache), **kwargs)
         # overwrite in place: the real logits were computed (their cost is paid), their values are not used
         logits = out.logits.zero_()
         positions = position_ids.expand_as(input_ids)

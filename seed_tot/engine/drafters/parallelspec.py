@@ -31,7 +31,7 @@ there is (training loss 3.45 against 3.94 with zeros there, same 80 steps). Only
 computed, or a mask.
 
 The forward takes and returns what a transformers causal LM does (input_ids, position_ids,
-attention_mask, past_key_values -> .logits), so the engine needs no special path for it.
+attention_mask, cache -> .logits), so the engine needs no special path for it.
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ import torch
 from torch import nn
 from transformers import AutoModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..cache_argument import cache_kwargs, either_cache, output_field, returned_cache
 
 PARALLELSPEC, AUTOREGRESSIVE = "parallelspec", "autoregressive"
 METHODS = (PARALLELSPEC, AUTOREGRESSIVE)
@@ -165,15 +167,18 @@ class ParallelDrafter(nn.Module):
                 out = out + self.fuse(f)
         return out
 
-    def hidden(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
+    def hidden(self, input_ids, position_ids=None, attention_mask=None, cache=None, use_cache=False,
                target_features=None):
         out = self.model(inputs_embeds=self.embed(input_ids, target_features), position_ids=position_ids,
-                         attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache)
-        return out.last_hidden_state, out.past_key_values
+                         attention_mask=attention_mask, use_cache=use_cache, **cache_kwargs(self.model, cache))
+        return out.last_hidden_state, returned_cache(out)
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, use_cache=False,
-                logits_to_keep: int = 0, target_features=None, **_ignored) -> CausalLMOutputWithPast:
-        hidden, cache = self.hidden(input_ids, position_ids, attention_mask, past_key_values, use_cache, target_features)
+    def forward(self, input_ids, position_ids=None, attention_mask=None, cache=None, use_cache=False,
+                logits_to_keep: int = 0, target_features=None, past_key_values=None,
+                **_ignored) -> CausalLMOutputWithPast:
+        cache = either_cache(cache, past_key_values)  # transformers' new name and its old one
+        hidden, cache = self.hidden(input_ids, position_ids, attention_mask, cache, use_cache, target_features)
         if logits_to_keep:  # as transformers' causal LMs: the head runs on the last positions only
             hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(hidden), past_key_values=cache)
+        logits = self.get_output_embeddings()(hidden)
+        return CausalLMOutputWithPast(logits=logits, **{output_field(CausalLMOutputWithPast): cache})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..cache_argument import cache_kwargs
 from ..kv_cache import KVCache, layout_of
 from ..masks import FULL, AttentionLayout, build_attention_mask, tree_visibility
 
@@ -124,8 +125,8 @@ class TargetStage(nn.Module):
         position_embeddings = self.rotary(hidden, position_ids=positions)
         for block, layer_type in zip(self.blocks, self.layer_types):
             layer_mask = mask[layer_type] if isinstance(mask, dict) else mask  # sliding or full layer
-            hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, past_key_values=kv.cache,
-                           use_cache=True, position_embeddings=position_embeddings)
+            hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, use_cache=True,
+                           position_embeddings=position_embeddings, **cache_kwargs(block, kv.cache))
         kv.parents = all_parents
         cache.ids = cache.ids + list(ids)
         if self.last:

@@ -1,0 +1,89 @@
+"""What one decode forward of r rows costs through the engine's batched path, beside plain batching.
+
+Each row has a `--context`-token history (a ToT prompt is 500-700 tokens) and scores one token.
+`forward_batch` (kv_cache.py) attends every row over its own storage (row_attention.py: one loop
+over rows and segments per layer, no copy of any history); "padded" is transformers' own batched
+decode over one DynamicCache holding every row's history (what a slot-per-row batched cache would
+run: one attention call per layer). The padded forward is timed without building its cache, so
+it is what attention over one batched tensor costs, not what gathering the histories costs. The
+medians of `--repeats` forwards per size, after a warm-up; run it alone on the machine.
+
+    python benchmarks/row_forward_cost.py --context 600 --rows 1,2,3,4,6,9,12
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from seed_tot import Engine
+from seed_tot.engine.cache_argument import cache_kwargs
+from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.speculative import prefill
+
+
+def _median_ms(step, repeats: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+@torch.inference_mode()
+def measure(model, context: int, rows: int, repeats: int) -> tuple[float, float]:
+    """(forward_batch ms, padded ms) for `rows` rows of `context` tokens, one new token each."""
+    prompt = [(i * 7) % 5000 + 10 for i in range(context + 1)]
+    caches = []
+    for _ in range(rows):
+        kv = KVCache()
+        prefill(model, kv, prompt)  # context tokens in the cache
+        caches.append(kv)
+
+    def row_step():
+        forward_batch(model, caches, [[5]] * rows, [[-1]] * rows)
+        for kv in caches:
+            kv.commit([])  # drop the scored token: every repeat sees the same history
+
+    history = DynamicCache()
+    model(input_ids=torch.tensor([prompt[:context]] * rows), use_cache=True, **cache_kwargs(model, history))
+    positions = torch.full((rows, 1), context)
+
+    def padded_step():
+        for layer in history.layers:  # drop what the last step appended
+            layer.keys, layer.values = layer.keys[..., :context, :], layer.values[..., :context, :]
+        model(input_ids=torch.tensor([[5]] * rows), position_ids=positions, use_cache=True,
+              **cache_kwargs(model, history))
+
+    return _median_ms(row_step, repeats), _median_ms(padded_step, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", help="hub id, local dir or .gguf (default: the embedded target)")
+    parser.add_argument("--context", type=int, default=600)
+    parser.add_argument("--rows", default="1,2,3,4,6,9,12")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    engine = Engine.from_pretrained(args.target, "lookup")  # the target alone: no draft model to load
+    sizes = [int(r) for r in args.rows.split(",")]
+
+    def run():
+        return [measure(engine.target, args.context, r, args.repeats) for r in sizes]
+
+    # on a CPU every forward runs on the engine's forward thread (forward_thread.py), as in a real run
+    results = engine.on_forward_thread(run) if engine.forward_thread is not None else run()
+    print(f"{engine.target_name}, {args.context}-token history, one new token per row, median of {args.repeats} (ms)")
+    print("| rows | forward_batch | padded (one attention call) | forward_batch / padded |")
+    print("| --- | --- | --- | --- |")
+    for r, (row_ms, padded_ms) in zip(sizes, results):
+        print(f"| {r} | {row_ms:.1f} | {padded_ms:.1f} | {row_ms / padded_ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
