@@ -89,6 +89,7 @@ class RowBatchCache(Cache):
         return self.history + query_length, 0
 
 
+@torch.no_grad()  # inference only; rows' storage may hold inference-mode tensors, which autograd refuses
 def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=None, dropout=0.0,
                    softcap=None, **kwargs):
     """Each row attends over its own segments: scores per segment, one softmax, values per segment.
@@ -107,16 +108,18 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
             continue
         segments = row.layer(module.layer_idx).segments()
         n_kv = segments[0][0].shape[1]
-        q = query[b, :, :n].reshape(n_kv, n_heads // n_kv, n, head_dim)  # GQA: query heads grouped per KV head
-        scores = torch.cat([torch.matmul(q, k[0, :, None].transpose(-1, -2)) for k, _ in segments], dim=-1)
+        # GQA: a KV head's query heads and query tokens form one matrix [n_kv, group * n, D], so each
+        # segment is one plain bmm (a broadcast matmul would expand every key group-fold: a copy)
+        q = query[b, :, :n].reshape(n_kv, n_heads // n_kv * n, head_dim)
+        scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1)
         scores = scores * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores + batch.masks[b][window]
+        scores = (scores.view(n_kv, n_heads // n_kv, n, -1) + batch.masks[b][window]).view(n_kv, -1, scores.shape[-1])
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         mixed, start = None, 0
         for _, v in segments:
-            part = torch.matmul(probs[..., start:start + v.shape[-2]], v[0, :, None])
+            part = torch.bmm(probs[..., start:start + v.shape[-2]], v[0])
             mixed = part if mixed is None else mixed + part
             start += v.shape[-2]
         out[b, :n] = mixed.reshape(n_heads, n, head_dim).transpose(0, 1)
