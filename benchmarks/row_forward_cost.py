@@ -3,10 +3,10 @@
 Each row has a `--context`-token history (a ToT prompt is 500-700 tokens) and scores one token.
 `forward_batch` (kv_cache.py) attends every row over its own storage (row_attention.py: one loop
 over rows and segments per layer, no copy of any history); "padded" is transformers' own batched
-decode over one DynamicCache holding every row's history (what a slot-per-row batched cache would
-run: one attention call per layer). The padded forward is timed without building its cache, so
-it is what attention over one batched tensor costs, not what gathering the histories costs. The
-medians of `--repeats` forwards per size, after a warm-up; run it alone on the machine.
+decode over one DynamicCache holding every row's history (one attention call per layer). Its cache
+is built outside the timing, but DynamicCache appends by `torch.cat`, so each padded forward still
+copies every row's history once per layer, as the stock batched decode does. The medians of
+`--repeats` forwards per size, after a warm-up; run it alone on the machine.
 
     python benchmarks/row_forward_cost.py --context 600 --rows 1,2,3,4,6,9,12
 """
