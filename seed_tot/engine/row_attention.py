@@ -108,14 +108,15 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
             continue
         segments = row.layer(module.layer_idx).segments()
         n_kv = segments[0][0].shape[1]
+        group = n_heads // n_kv
         # GQA: a KV head's query heads and query tokens form one matrix [n_kv, group * n, D], so each
         # segment is one plain bmm (a broadcast matmul would expand every key group-fold: a copy)
-        q = query[b, :, :n].reshape(n_kv, n_heads // n_kv * n, head_dim)
+        q = query[b, :, :n].reshape(n_kv, group * n, head_dim)
         scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1)
         scores = scores * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = (scores.view(n_kv, n_heads // n_kv, n, -1) + batch.masks[b][window]).view(n_kv, -1, scores.shape[-1])
+        scores = (scores.view(n_kv, group, n, -1) + batch.masks[b][window]).view(n_kv, group * n, -1)  # mask [n, L]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         mixed, start = None, 0
         for _, v in segments:
