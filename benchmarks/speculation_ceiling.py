@@ -19,6 +19,12 @@ on that hardware with that pair.
 
     python benchmarks/speculation_ceiling.py --measure --alpha 0.45,0.52 --rows 1,3,9
 
+`--gain 3:8` adds what more concurrency can give each kind of round: the best plan's tokens per
+second at 8 rows over its tokens per second at 3 rows, beside the same ratio for `parallel`.
+Issue 10 asks four ToT searches for 2x the problems per hour of one; on a CPU, where a forward's
+cost grows with its query tokens, a round that already fills its forward with drafts gains less
+from more rows than one that carries a single token per row.
+
 The calibration times one row of n tokens over a 64-token history, so it leaves out what a forward
 of many long rows adds (see benchmarks/row_forward_cost.py).
 """
@@ -33,10 +39,15 @@ from seed_tot.engine.policies.auto import Costs, batch_time, cache_path, expecte
 log = logging.getLogger(__name__)
 
 
-def ceiling(costs: Costs, alpha: float, rows: int, max_len: int = 8, pending: int = 2) -> tuple[float, list[int]]:
-    """(best plan's tokens per second / parallel's, the plan) for `rows` rows of acceptance alpha."""
+def best_round(costs: Costs, alpha: float, rows: int, max_len: int = 8, pending: int = 2) -> tuple[float, list[int]]:
+    """(expected tokens per second, plan) of the best batched round of `rows` rows of acceptance alpha."""
     plan = plan_lengths([alpha] * rows, [pending] * rows, costs, max_len)
-    rate = sum(expected_tokens(alpha, k) for k in plan) / batch_time(plan, [pending] * rows, costs)
+    return sum(expected_tokens(alpha, k) for k in plan) / batch_time(plan, [pending] * rows, costs), plan
+
+
+def ceiling(costs: Costs, alpha: float, rows: int, max_len: int = 8) -> tuple[float, list[int]]:
+    """(best plan's tokens per second / parallel's, the plan) for `rows` rows of acceptance alpha."""
+    rate, plan = best_round(costs, alpha, rows, max_len)
     return rate / (rows / costs.target(rows)), plan
 
 
@@ -68,6 +79,7 @@ def main() -> None:
     parser.add_argument("--alpha", default="0.3,0.56,0.7,0.8,0.9")
     parser.add_argument("--rows", default="1,3,9,18,36")
     parser.add_argument("--max-len", type=int, default=8)
+    parser.add_argument("--gain", help="LOW:HIGH rows: what going from LOW to HIGH rows gives each round")
     args = parser.parse_args()
     if args.measure == bool(args.key):
         parser.error("give exactly one of --key (a cached calibration) and --measure")
@@ -84,6 +96,16 @@ def main() -> None:
             ideal, ideal_plan = ceiling(free, a, rows, args.max_len)
             cells.append(f"{real:.2f} (K={max(plan)}), {ideal:.2f} (K={max(ideal_plan)})")
         print(f"| {rows} | " + " | ".join(cells) + " |")
+    if args.gain:
+        low, high = (int(r) for r in args.gain.split(":"))
+        parallel_gain = (high / costs.target(high)) / (low / costs.target(low))
+        print(f"\n{low} -> {high} rows: parallel gains {parallel_gain:.2f}x tokens per second")
+        print("| alpha | best plan's gain | free draft's gain |")
+        print("| --- | --- | --- |")
+        for a in alphas:
+            real = best_round(costs, a, high, args.max_len)[0] / best_round(costs, a, low, args.max_len)[0]
+            ideal = best_round(free, a, high, args.max_len)[0] / best_round(free, a, low, args.max_len)[0]
+            print(f"| {a} | {real:.2f}x | {ideal:.2f}x |")
 
 
 if __name__ == "__main__":
