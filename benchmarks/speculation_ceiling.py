@@ -97,7 +97,10 @@ def main() -> None:
             cells.append(f"{real:.2f} (K={max(plan)}), {ideal:.2f} (K={max(ideal_plan)})")
         print(f"| {rows} | " + " | ".join(cells) + " |")
     if args.gain:
-        low, high = (int(r) for r in args.gain.split(":"))
+        try:
+            low, high = (int(r) for r in args.gain.split(":"))
+        except ValueError:
+            parser.error(f"--gain {args.gain!r}: expected LOW:HIGH, two whole numbers of rows (e.g. 3:8)")
         parallel_gain = (high / costs.target(high)) / (low / costs.target(low))
         print(f"\n{low} -> {high} rows: parallel gains {parallel_gain:.2f}x tokens per second")
         print("| alpha | best plan's gain | free draft's gain |")
