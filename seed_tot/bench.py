@@ -47,12 +47,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 import torch
 
-from seed_tot.cli_options import DEFAULT_PROMPT, load_engine, model_options, parse_batch, parse_k_config
+from seed_tot.bench_workloads import Workload, thoughts_workload, tot_step_workload, tot_workload
+from seed_tot.cli_options import load_engine, model_options, parse_batch, parse_k_config
 from seed_tot.engine import summarize
 from seed_tot.engine.params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams
 from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_acceptance
@@ -62,8 +63,6 @@ DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
 _SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+|pc[01]))*)"
                    r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
-BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-                  "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
 
 
 @dataclass(frozen=True)
@@ -153,98 +152,6 @@ class RunOutput:
     predictions: list[str] | None
 
 
-# A workload runs once on an engine-like object for one mode and returns ToT predictions (or None).
-Workload = Callable[[Any, ModeSpec, int], "list[str] | None"]
-
-
-def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
-    from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
-
-    task = GSM8K()
-    example = (task.load(data, limit=1)[0] if data else
-               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
-    prompt = task.thought_prompt(example, State())
-    thought = engine.render_prompt(prompt.user, prompt.assistant_prefix)
-    lines = solution_steps(example.data["answer"])
-    lines += ["Let us check the previous step."] * 3  # three different states even for a one-line answer
-    steps = [f"{task.prompts['step_header'].format(k=k + 1)} {line}" for k, line in enumerate(lines[:3])]
-    values = [task.value_prompt(example, State(tuple(steps[:i]))) for i in (1, 2, 3)]
-    value_prompts = [engine.render_prompt(v.user, v.assistant_prefix) for v in values]
-
-    def run(eng, spec: ModeSpec, index: int) -> None:
-        for batch in ([thought] * 3, value_prompts):
-            eng.generate(batch, params, **spec.engine_kwargs)
-        return None
-
-    return run, (f"1 thought batch (3 x the same GSM8K thought prompt, example {example.id}) + 1 value batch "
-                 f"(3 different prompts), {params.max_new_tokens} new tokens each")
-
-
-def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
-    """One ToT-BFS step at breadth 3 and n_generate 3: the 3 frontier states' thought prompts, 3 copies
-    each, in one call (9 sequences), then the 9 new states' value prompts in one call."""
-    from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
-
-    task = GSM8K()
-    example = (task.load(data, limit=1)[0] if data else
-               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
-    lines = solution_steps(example.data["answer"])
-    lines += ["Let us check the previous step.", "Now compute the total.", "Write the final answer."]
-    steps = [f"{task.prompts['step_header'].format(k=1)} {line}" for line in lines[:3]]
-    frontier = [State((step,)) for step in steps]  # three different one-step states
-    thoughts = [engine.render_prompt(p.user, p.assistant_prefix)
-                for p in (task.thought_prompt(example, s) for s in frontier) for _ in range(3)]
-    seconds = [f"{task.prompts['step_header'].format(k=2)} {line}" for line in lines[-3:]]
-    children = [State(s.thoughts + (second,)) for s in frontier for second in seconds]  # 9 different states
-    values = [engine.render_prompt(v.user, v.assistant_prefix) for v in (task.value_prompt(example, c) for c in children)]
-
-    def run(eng, spec: ModeSpec, index: int) -> None:
-        for batch in (thoughts, values):
-            eng.generate(batch, params, **spec.engine_kwargs)
-        return None
-
-    return run, (f"1 ToT step at breadth 3 (GSM8K example {example.id}): 9 thought sequences (3 states x 3) + "
-                 f"9 value prompts, {params.max_new_tokens} new tokens each")
-
-
-def _all_or(batch: int | str | None) -> int | str:
-    return "all" if batch is None else batch
-
-
-def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
-                 seed: int, out_root: Path, concurrency: int = 1) -> tuple[Workload, str]:
-    from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
-    from seed_tot.tasks import get_task
-
-    task = get_task(workload.removeprefix("tot-"))
-    if data is None and task.name != "blocksworld":
-        raise click.UsageError(f"--workload {workload} needs --data PATH (bench does not download datasets)")
-    if data is not None and not Path(data).is_file():
-        raise click.UsageError(f"--data {data}: no such file")
-    settings = load_settings(shipped_config(task.name), base=task.config)
-    settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    examples = task.load(data, limit=limit)
-
-    def run(eng, spec: ModeSpec, index: int) -> list[str]:
-        # apply_overrides reads None as "not given": a spec's None ("all") must reach the config as "all"
-        s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
-                            verify_batch=_all_or(spec.verify_batch), draft_batch=_all_or(spec.draft_batch),
-                            draft_policy=spec.draft_policy, policy_options=dict(spec.policy_options) or None)
-        out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
-        solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=spec.concurrency or concurrency)
-        lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()
-        by_id = {r["id"]: r["prediction"] for r in (json.loads(line) for line in lines if line.strip())}
-        return [by_id[ex.id] for ex in examples]  # data order: concurrent runs write in finishing order
-
-    at_once = f"{concurrency} at once unless a mode's @c says otherwise"
-    return run, (f"ToT {settings.algorithm} on {len(examples)} {task.name} problem(s) ({at_once}), "
-                 f"depth {settings.search.depth}, "
-                 f"n_generate {settings.search.n_generate}, breadth {settings.search.breadth}, "
-                 f"max_new_tokens {settings.search.max_new_tokens}")
-
-
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -326,7 +233,8 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
         tokens_per_run = total.new_tokens / len(r.runs)  # identical runs under greedy decoding
         row.update(new_tokens_per_run=tokens_per_run, tokens_per_s=tokens_per_run / r.median,
                    acceptance_rate=total.acceptance_rate, tokens_per_target_forward=total.tokens_per_target_forward,
-                   rows_per_target_forward=total.rows_per_target_forward, cache_share=total.cache_share,
+                   rows_per_target_forward=total.rows_per_target_forward,
+                   query_tokens_per_target_forward=total.query_tokens_per_target_forward, cache_share=total.cache_share,
                    draft_forwards_per_token=total.draft_forwards / total.new_tokens if total.new_tokens else 0.0,
                    # what a drafter costs per round (ParallelSpec's one forward vs an AR drafter's k)
                    draft_ms_per_round=1000 * total.draft_busy_s / total.verifications if total.verifications else 0.0,
@@ -372,7 +280,7 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
     per_hour = any("problems_per_hour" in row for row in rows)
     headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", *(["problems/h"] if per_hour else []),
                "tokens/s", "acceptance",
-               "tokens/target fwd", "rows/target fwd", "target busy", "cache share", "peak MiB", match_header]
+               "tokens/target fwd", "rows/target fwd", "query tok/target fwd", "target busy", "cache share", "peak MiB", match_header]
     body = []
     for row in rows:
         accept = "-" if row["mode"] not in DRAFTING_MODES else f"{row['acceptance_rate']:.3f}"
@@ -386,6 +294,7 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
                      _ratio(row["speedup_vs_ar"]), _ratio(row["speedup_vs_parallel"]), *rate,
                      f"{row['tokens_per_s']:.1f}",
                      accept, f"{row['tokens_per_target_forward']:.2f}", f"{row['rows_per_target_forward']:.2f}",
+                     f"{row['query_tokens_per_target_forward']:.2f}",
                      f"{row['target_busy_fraction']:.0%}", f"{row['cache_share']:.1%}",
                      f"{row['peak_memory_mib']:.0f}", match])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]

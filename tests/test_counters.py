@@ -39,6 +39,12 @@ def test_forward_counters_sum_to_the_forwards_the_models_ran(engine_and_logs, mo
     # three distinct prompts of more than one token are prefilled once each (the copy shares it),
     # in every mode: parallel rows are prefilled before they join the shared decode forwards
     assert total.target_prefills == 2
+    # every decode forward scores each row's one pending token (the last one committed) plus its draft
+    # nodes, so the query entries are exactly rounds + drafted nodes (ar and parallel: one per step)
+    assert total.target_query_tokens == total.verifications + total.drafted
+    assert total.query_tokens_per_target_forward >= total.rows_per_target_forward
+    if mode in ("sd", "mcsd", "seed"):
+        assert total.drafted > 0
     if mode == "parallel":
         assert total.target_forwards == max(len(r.token_ids) for r in results)  # one forward per step
         assert total.verifications == sum(len(r.token_ids) for r in results)

@@ -44,6 +44,7 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
                 # one forward shared by the active rows: summing rows gives one forward and its time once
                 seq.stats.verifications += 1
                 seq.stats.target_forwards += 1 / active
+                seq.stats.target_query_tokens += 1
                 seq.stats.target_busy_s += busy / active
                 seq.append([sample(probs[row], seq.generator)])
             next_ids.append(seq.generated[-1] if seq.generated else pad)

@@ -73,6 +73,7 @@ class GenerationStats:
     target_forwards: float = 0.0
     target_prefills: float = 0.0
     target_prefill_tokens: float = 0.0  # prompt tokens the target scored (shared stretches split; stored ones: 0)
+    target_query_tokens: int = 0  # entries this sequence put in the target's decode forwards (pending + draft nodes)
     draft_forwards: float = 0.0
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
@@ -82,7 +83,8 @@ class GenerationStats:
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
 
     COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
-                "target_prefills", "target_prefill_tokens", "draft_forwards", "draft_prefills", "target_busy_s", "draft_busy_s", "kv_copy_s")
+                "target_prefills", "target_prefill_tokens", "target_query_tokens", "draft_forwards", "draft_prefills",
+                "target_busy_s", "draft_busy_s", "kv_copy_s")
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,6 +99,13 @@ class GenerationStats:
     def rows_per_target_forward(self) -> float:
         """Sequences verified per decode forward of the target (1 without batching)."""
         return self.verifications / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def query_tokens_per_target_forward(self) -> float:
+        """Entries a decode forward of the target scored, summed over its rows (padding excluded):
+        ar 1, parallel its rows, a speculative round its rows' pending tokens plus draft nodes. On a
+        compute-bound device this, not rows, is what a forward's cost grows with (issue 10)."""
+        return self.target_query_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def cache_share(self) -> float:

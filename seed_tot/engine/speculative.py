@@ -142,6 +142,7 @@ def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int
     seq.target.commit(kept)
     seq.stats.verifications += 1
     seq.stats.target_forwards += 1 / rows
+    seq.stats.target_query_tokens += n_p + len(tree)
     seq.stats.target_busy_s += busy / rows
     seq.stats.accepted += len(acc.path)
     _commit_draft(seq, acc, node_entry)
