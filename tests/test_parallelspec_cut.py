@@ -129,7 +129,7 @@ def test_sampled_rows_cut_alone_by_default_so_batched_seed_samples_what_sd_sampl
 
 def test_a_sampled_row_cut_alone_is_priced_at_its_constant_load():
     """Priced alone on a forward that is flat up to 8 tokens, every level looks free; priced as 4
-    rows like it (sampled_rows=4, the default), only the first level pays for the tokens it adds."""
+    rows like it (sampled_rows=4), only the first level pays for the tokens it adds."""
     rnd = ParallelSpecRound.__new__(ParallelSpecRound)
     rnd.passes_run, rnd.costs = 1, costs([(1, 1.0), (8, 1.0), (64, 6.6)])
     chain = _chain(0.6, 0.3, 0.1, 0.02)
