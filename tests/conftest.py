@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -93,8 +94,6 @@ def rows_stopping_differently(max_new_tokens: int = 30):
 def private_calibration_cache(tmp_path_factory):
     """Costs calibrated during tests (parallelspec's cut=cost, auto) go to a private cache: never into
     the user's ~/.cache/seed-tot, where costs timed beside a test run would mislead later runs."""
-    import os
-
     previous = os.environ.get("SEED_TOT_CACHE_DIR")
     os.environ["SEED_TOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("seed-tot-cache"))
     yield
