@@ -26,13 +26,21 @@ BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
 Workload = Callable[[Any, "ModeSpec", int], "list[str] | None"]
 
 
-def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
-    from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
+def _gsm8k_example(data: str | None):
+    """The GSM8K task and the first problem of `data`, or the built-in question without data."""
+    from seed_tot.search.protocol import Example
+    from seed_tot.tasks.gsm8k import GSM8K
 
     task = GSM8K()
-    example = (task.load(data, limit=1)[0] if data else
-               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
+    return task, (task.load(data, limit=1)[0] if data else
+                  Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
+
+
+def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
+    from seed_tot.search.protocol import State
+    from seed_tot.tasks.gsm8k import solution_steps
+
+    task, example = _gsm8k_example(data)
     prompt = task.thought_prompt(example, State())
     thought = engine.render_prompt(prompt.user, prompt.assistant_prefix)
     lines = solution_steps(example.data["answer"])
@@ -53,12 +61,10 @@ def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple
 def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple[Workload, str]:
     """One ToT-BFS step at breadth 3 and n_generate 3: the 3 frontier states' thought prompts, 3 copies
     each, in one call (9 sequences), then the 9 new states' value prompts in one call."""
-    from seed_tot.search.protocol import Example, State
-    from seed_tot.tasks.gsm8k import GSM8K, solution_steps
+    from seed_tot.search.protocol import State
+    from seed_tot.tasks.gsm8k import solution_steps
 
-    task = GSM8K()
-    example = (task.load(data, limit=1)[0] if data else
-               Example("builtin", {"question": DEFAULT_PROMPT, "answer": BUILTIN_ANSWER}))
+    task, example = _gsm8k_example(data)
     lines = solution_steps(example.data["answer"])
     lines += ["Let us check the previous step.", "Now compute the total.", "Write the final answer."]
     steps = [f"{task.prompts['step_header'].format(k=1)} {line}" for line in lines[:3]]
