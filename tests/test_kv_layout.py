@@ -10,6 +10,7 @@ import torch
 
 from conftest import tiny_model
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.query_padding import set_padding
 from test_attention_types import build
 
 TREE = ([10, 11, 12, 13], [-1, 0, 0, 2])  # two branches, one two deep
@@ -64,6 +65,22 @@ def test_batched_rows_equal_single_rows_without_copying_history(arch):
     step = forward_batch(model, rows, [[40, 41]] * 3, [[-1, -1]] * 3)
     for got, ref in zip(step, reference):
         torch.testing.assert_close(got, ref.forward(model, [40, 41], [-1, -1]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_batched_forward_packs_rows_so_the_model_runs_only_real_entries(llama):
+    """Rows of 4, 3 and 1 new entries run as one sequence of 8 queries, not 3 rows padded to 4 (EMS-SD):
+    the linear layers and the LM head never see a padding entry between rows."""
+    rows = [prefill(llama, [1, 2, 3, 4, 5]), prefill(llama, [6, 7]), prefill(llama, [8, 9, 10])]
+    set_padding(llama, {})  # no hardware padding either, whatever this machine's BLAS prefers
+    seen = []
+    hook = llama.get_input_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    try:
+        logits = forward_batch(llama, rows, [TREE[0], CHAIN[0], [30]], [TREE[1], CHAIN[1], [-1]])
+    finally:
+        hook.remove()
+        llama.__dict__.pop("_seed_tot_row_padding")
+    assert seen == [torch.Size([1, 8])]
+    assert [lg.shape[0] for lg in logits] == [4, 3, 1]
 
 
 def test_rows_join_and_leave_without_touching_the_others(llama):

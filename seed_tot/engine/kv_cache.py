@@ -10,8 +10,9 @@ Stock transformers models take the 4D mask and position ids as they are: no fork
 Storage (issue 10, row_storage.py): per layer, a row's keys/values live in preallocated buffers
 with spare capacity, written in place (growth by doubling: amortised O(1) per token). Forks of one
 prompt read the parent's committed prefix as read-only segments and write only into their own
-buffers. A batched forward (`forward_batch`) appends to every row's own buffers and attends over each
-row's segments where they lie (row_attention.py): no per-call copy of any history. `copy_s`
+buffers. A batched forward (`forward_batch`) packs the rows' new entries into one sequence (no padding
+between rows), appends to every row's own buffers and attends over each row's segments where they
+lie (row_attention.py): no per-call copy of any history. `copy_s`
 counts every KV move that remains (regrowth, commit's compaction of the tree tail, and the
 copying fallback for models whose attention cannot read rows in place).
 """
@@ -26,7 +27,7 @@ from . import row_attention
 from .cache_argument import cache_kwargs
 from .masks import AttentionLayout, build_attention_mask, tree_visibility
 from .query_padding import padded_rows
-from .target_features import padded_features
+from .target_features import placed_features
 from .row_storage import RowCache, RowLayer
 
 
@@ -109,7 +110,7 @@ class KVCache:
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
-        keep.update(_feature_inputs(model, None if features is None else [features], len(tokens)))
+        keep.update(_feature_inputs(model, None if features is None else [features], (1, len(tokens)), [(0, 0)]))
         out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                     attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
         self.parents = all_parents
@@ -142,11 +143,13 @@ class KVCache:
                 layer.keep_tail(own_committed, entries)
         self.copy_s += time.perf_counter() - start
 
-def _feature_inputs(model, features: list[torch.Tensor | None] | None, n_query: int) -> dict:
-    """The drafter's `target_features` argument for rows of n_query entries (none: no argument at all)."""
+def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tuple[int, int],
+                    slots: list[tuple[int, int]]) -> dict:
+    """The drafter's `target_features` argument [rows, entries, size] (none: no argument at all):
+    features[i] at batch row slots[i][0] from entry slots[i][1] on, zeros elsewhere."""
     if features is None:
         return {}
-    return {"target_features": padded_features(features, n_query, model.feature_size, model.dtype, model.device)}
+    return {"target_features": placed_features(features, shape, slots, model.feature_size, model.dtype, model.device)}
 
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
@@ -155,9 +158,9 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
-    `KVCache.forward`. New entries are right-padded to the longest query; padding never reaches a
-    row's storage. Every row attends exactly to what its own `KVCache.forward` would, over its own
-    storage where it lies (row_attention.py); models whose attention cannot do that (Falcon) take
+    `KVCache.forward`. The rows' new entries are packed into one sequence (no padding between rows);
+    nothing but a row's own entries ever reaches its storage. Every row attends exactly to what its
+    own `KVCache.forward` would, over its own storage where it lies (row_attention.py); models whose attention cannot do that (Falcon) take
     `_forward_batch_copied`.
     """
     layout = layout_of(model)
@@ -166,30 +169,33 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
         return _forward_batch_copied(model, layout, caches, tokens, parents, features)
     device, dtype = model.device, model.dtype
     windows = row_attention.layer_windows(model, layout)
-    n_query = max(len(t) for t in tokens)
-    # more padding queries where the hardware runs more rows cheaper (query_padding.py); they never reach storage
-    n_query = max(n_query, -(-padded_rows(model, len(caches) * n_query) // len(caches)))
-    input_ids = torch.zeros(len(caches), n_query, dtype=torch.long)
-    query_pos = torch.zeros(len(caches), n_query, dtype=torch.long)
+    # packed, not padded (EMS-SD): the rows' queries follow each other in one sequence, so every linear
+    # layer and the LM head run on the real entries only; row_attention.py gives each row its own slice
+    n_new = [len(t) for t in tokens]
+    starts = [sum(n_new[:b]) for b in range(len(caches))]
+    # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
+    # they belong to no row: they attend to nothing and never reach storage
+    n_query = padded_rows(model, sum(n_new))
+    input_ids = torch.zeros(1, n_query, dtype=torch.long)
+    query_pos = torch.zeros(1, n_query, dtype=torch.long)
     masks = []
-    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+    for kv, toks, pars, start in zip(caches, tokens, parents, starts):
         allowed, row_qpos, row_kpos = tree_visibility(kv.committed, kv.parents + list(pars), len(kv.parents))
         masks.append(row_attention.row_masks(allowed, row_qpos, row_kpos, set(windows), dtype, device))
-        input_ids[b, : len(toks)] = torch.tensor(toks)
-        query_pos[b, : len(toks)] = row_qpos
-        query_pos[b, len(toks):] = kv.length  # padding queries: any valid position, their output is dropped
-    batch = row_attention.RowBatchCache(model.config, [kv.cache for kv in caches], [len(t) for t in tokens],
-                                        masks, windows)
-    placeholder = torch.zeros(len(caches), 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
+        input_ids[0, start: start + len(toks)] = torch.tensor(toks)
+        query_pos[0, start: start + len(toks)] = row_qpos
+    batch = row_attention.RowBatchCache(model.config, [kv.cache for kv in caches], n_new, starts, n_query, masks,
+                                        windows)
+    placeholder = torch.zeros(1, 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
-    extra = _feature_inputs(model, features, n_query)
+    extra = _feature_inputs(model, features, (1, n_query), [(0, start) for start in starts])
     with row_attention.active_batch(batch):
         out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
                     use_cache=True, **cache_kwargs(model, batch), **extra)
     logits = []
-    for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
+    for kv, pars, start, n in zip(caches, parents, starts, n_new):
         kv.parents = kv.parents + list(pars)
-        logits.append(out.logits[b, : len(toks)])
+        logits.append(out.logits[0, start: start + n])
     return logits
 
 
@@ -231,7 +237,7 @@ def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache],
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
     copy_s = time.perf_counter() - copy_start
-    extra = _feature_inputs(model, features, n_query)
+    extra = _feature_inputs(model, features, (batch, n_query), [(b, 0) for b in range(batch)])
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
                 attention_mask=mask, use_cache=True, **cache_kwargs(model, stacked), **extra)
     logits = []

@@ -1,6 +1,8 @@
 """Attention over each row's own KV storage: the batched forward of `kv_cache.forward_batch`.
 
 A batched forward over m caches must not gather their histories into one padded tensor. So the
+rows' new entries are packed into one query sequence (row b's at [starts[b], starts[b] + n_new[b]):
+the linear layers and the LM head run on real entries only, however unequal the rows), and the
 model is called with a `RowBatchCache`, whose `update` appends each row's new keys/values to that
 row's own storage (in place), and an attention function registered with transformers'
 `AttentionInterface` reads every row's storage as it is: a list of segments (the read-only prefix
@@ -65,22 +67,34 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 
 
 class RowBatchCache(Cache):
-    """The `past_key_values` of one batched forward: appends row b's new entries to row b's storage.
+    """The `past_key_values` of one packed batched forward: appends row b's new entries to row b's storage.
 
-    rows[b] is a `kv_cache.RowCache`; n_new[b] of the query columns are real (the rest is padding,
-    which never reaches any storage). masks[b] maps a window (None: full) to row b's additive mask
+    The forward runs one sequence of queries: row b's n_new[b] entries at [starts[b], starts[b] + n_new[b]),
+    rows one after another, then any padding queries (which belong to no row and reach no storage).
+    rows[b] is a `kv_cache.RowCache`; masks[b] maps a window (None: full) to row b's additive mask
     [n_new[b], row length after the forward]."""
 
-    def __init__(self, config, rows, n_new: list[int], masks: list[dict], windows: list[int | None]):
+    def __init__(self, config, rows, n_new: list[int], starts: list[int], n_query: int, masks: list[dict],
+                 windows: list[int | None]):
         super().__init__(layers=[])
-        self.config, self.rows, self.n_new, self.masks, self.windows = config, rows, n_new, masks, windows
+        self.config, self.rows, self.n_new, self.starts, self.n_query = config, rows, n_new, starts, n_query
+        self.masks, self.windows = masks, windows
         self.history = max(row.get_seq_length() for row in rows)
+        self._grouped: dict[tuple, torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        for b, row in enumerate(self.rows):
-            n = self.n_new[b]
-            row.layer(layer_idx).append(key_states[b:b + 1, :, :n], value_states[b:b + 1, :, :n])
+        for row, start, n in zip(self.rows, self.starts, self.n_new):
+            row.layer(layer_idx).append(key_states[:, :, start:start + n], value_states[:, :, start:start + n])
         return key_states, value_states  # unused: the attention reads each row's storage
+
+    def grouped_mask(self, b: int, window: int | None, group: int) -> torch.Tensor:
+        """Row b's mask for `window`, repeated once per query head of a KV head ([group * n, L]):
+        built by the first layer, reused by the others."""
+        key = (b, window, group)
+        mask = self._grouped.get(key)
+        if mask is None:
+            mask = self._grouped[key] = self.masks[b][window].repeat(group, 1)
+        return mask
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.history
@@ -98,32 +112,38 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         raise RuntimeError("row attention is for inference (no dropout)")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported by row attention")
-    n_batch, n_heads, _, head_dim = query.shape
+    _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
     scaling = head_dim ** -0.5 if scaling is None else scaling
     window = batch.windows[module.layer_idx]
-    out = query.new_zeros(n_batch, query.shape[2], n_heads, head_dim)
-    for b, row in enumerate(batch.rows):
-        n = batch.n_new[b]
-        if n == 0:  # a row with nothing new: only padding queries, whose output is dropped
+    out = query.new_zeros(1, n_query, n_heads, head_dim)  # padding queries (no row's) keep zeros: dropped
+    for b, (row, start, n) in enumerate(zip(batch.rows, batch.starts, batch.n_new)):
+        if n == 0:  # a row with nothing new
             continue
         segments = row.layer(module.layer_idx).segments()
         n_kv = segments[0][0].shape[1]
         group = n_heads // n_kv
         # GQA: a KV head's query heads and query tokens form one matrix [n_kv, group * n, D], so each
         # segment is one plain bmm (a broadcast matmul would expand every key group-fold: a copy)
-        q = query[b, :, :n].reshape(n_kv, group * n, head_dim)
-        scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1)
-        scores = scores * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = (scores.view(n_kv, group, n, -1) + batch.masks[b][window]).view(n_kv, group * n, -1)  # mask [n, L]
+        q = query[0, :, start:start + n].reshape(n_kv, group * n, head_dim)
+        mask = batch.grouped_mask(b, window, group)  # [group * n, L]: the row's [n, L] mask per query head
+        if softcap is None:  # mask + scaling * q k^T, one fused op per segment (this loop runs rows x layers times)
+            parts, at = [], 0
+            for k, _ in segments:
+                end = at + k.shape[-2]
+                parts.append(torch.baddbmm(mask[:, at:end], q, k[0].transpose(-1, -2), alpha=scaling))
+                at = end
+            scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        else:  # Gemma-2: the soft-cap comes between the scaled scores and the mask
+            scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1) * scaling
+            scores = torch.tanh(scores / softcap) * softcap + mask
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        mixed, start = None, 0
-        for _, v in segments:
-            part = torch.bmm(probs[..., start:start + v.shape[-2]], v[0])
-            mixed = part if mixed is None else mixed + part
-            start += v.shape[-2]
-        out[b, :n] = mixed.reshape(n_heads, n, head_dim).transpose(0, 1)
+        mixed, at = None, 0
+        for _, v in segments:  # probs x values, accumulated segment by segment
+            end = at + v.shape[-2]
+            mixed = torch.bmm(probs[..., at:end], v[0]) if mixed is None else \
+                torch.baddbmm(mixed, probs[..., at:end], v[0])
+            at = end
+        out[0, start:start + n] = mixed.view(n_heads, n, head_dim).transpose(0, 1)
     return out, None
 
 
@@ -147,6 +167,19 @@ def row_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Ten
             visible = allowed & ((query_pos[:, None] - key_pos[None, :]) < window)
         masks[window] = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min).to(device)
     return masks
+
+
+def unpacked(hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states [1, queries, size] of this thread's packed batched forward as [rows, entries, size]
+    (row b's n_new[b] entries first, right-padded with zeros): the layout a hidden-state capture's
+    readers index. Anything else is returned as it is."""
+    batch = getattr(_active, "batch", None)
+    if batch is None or hidden.shape[:2] != (1, batch.n_query):
+        return hidden
+    rows = hidden.new_zeros(len(batch.rows), max(batch.n_new), hidden.shape[-1])
+    for b, (start, n) in enumerate(zip(batch.starts, batch.n_new)):
+        rows[b, :n] = hidden[0, start:start + n]
+    return rows
 
 
 class active_batch:

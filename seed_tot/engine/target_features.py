@@ -23,12 +23,14 @@ import threading
 
 import torch
 
+from . import row_attention
 from .policies.base import HiddenCapture
 
 
 class TargetHidden(HiddenCapture):
     """The target's final hidden states [rows, entries, hidden] of the current thread's last forward
-    (`take_rows`: right-padded rows as the forward ran them, row b's first n_b entries its own)."""
+    (`take_rows`: a packed batched forward's rows unpacked and right-padded, row b's first n_b entries
+    its own)."""
 
     def __init__(self, model):
         self._local = threading.local()
@@ -36,7 +38,7 @@ class TargetHidden(HiddenCapture):
 
     def _output_hook(self, module, args, output) -> None:
         hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
-        self._local.hidden = hidden.detach()
+        self._local.hidden = row_attention.unpacked(hidden.detach())  # [rows, entries, hidden]
 
 
 class FeatureLog:
@@ -72,10 +74,12 @@ class FeatureLog:
             del self._by_pos[p]
 
 
-def padded_features(features: list[torch.Tensor | None], n_query: int, size: int, dtype, device) -> torch.Tensor:
-    """[rows, n_query, size]: row b's features on its first entries, zeros after (masks, padding)."""
-    out = torch.zeros(len(features), n_query, size, dtype=dtype, device=device)
-    for b, f in enumerate(features):
+def placed_features(features: list[torch.Tensor | None], shape: tuple[int, int], slots: list[tuple[int, int]],
+                    size: int, dtype, device) -> torch.Tensor:
+    """[rows, entries, size] of zeros with features[i] at batch row slots[i][0], from entry slots[i][1]
+    on (a packed batch: one row, each sequence at its offset; the copying fallback: a row each)."""
+    out = torch.zeros(*shape, size, dtype=dtype, device=device)
+    for f, (row, start) in zip(features, slots):
         if f is not None and f.shape[0]:
-            out[b, : f.shape[0]] = f.to(device=device, dtype=dtype)
+            out[row, start: start + f.shape[0]] = f.to(device=device, dtype=dtype)
     return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import row_attention
 from ..draft_tree import DETERMINISTIC, DraftTree
 from ..params import SamplingParams
 from ..sampling import process_logits
@@ -210,11 +211,11 @@ class HiddenCapture:
         return capture
 
     def _hook(self, module, args) -> None:
-        self._local.hidden = args[0].detach()  # [rows, entries, hidden]
+        self._local.hidden = row_attention.unpacked(args[0].detach())  # [rows, entries, hidden]
 
     def take_rows(self) -> torch.Tensor:
         """[rows, entries, hidden] of the last forward (a batched draft forward: one row per sequence,
-        right-padded; row b's first n_b entries are its own)."""
+        unpacked and right-padded; row b's first n_b entries are its own)."""
         hidden = getattr(self._local, "hidden", None)
         if hidden is None:
             raise RuntimeError(f"no hidden state was captured by {type(self).__name__}: the last forward on this "
