@@ -1,8 +1,8 @@
 """Attention over each row's own KV storage: the batched forward of `kv_cache.forward_batch`.
 
 A batched forward over m caches must not gather their histories into one padded tensor. So the
-rows' new entries are packed into one query sequence (row b's at [starts[b], starts[b] + n_new[b]):
-the linear layers and the LM head run on real entries only, however unequal the rows), and the
+rows' new entries are packed into one query sequence, row b's at [starts[b], starts[b] + n_new[b])
+(the linear layers and the LM head run on real entries only, however unequal the rows), and the
 model is called with a `RowBatchCache`, whose `update` appends each row's new keys/values to that
 row's own storage (in place), and an attention function registered with transformers'
 `AttentionInterface` reads every row's storage as it is: a list of segments (the read-only prefix
@@ -80,21 +80,11 @@ class RowBatchCache(Cache):
         self.config, self.rows, self.n_new, self.starts, self.n_query = config, rows, n_new, starts, n_query
         self.masks, self.windows = masks, windows
         self.history = max(row.get_seq_length() for row in rows)
-        self._grouped: dict[tuple, torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         for row, start, n in zip(self.rows, self.starts, self.n_new):
             row.layer(layer_idx).append(key_states[:, :, start:start + n], value_states[:, :, start:start + n])
         return key_states, value_states  # unused: the attention reads each row's storage
-
-    def grouped_mask(self, b: int, window: int | None, group: int) -> torch.Tensor:
-        """Row b's mask for `window`, repeated once per query head of a KV head ([group * n, L]):
-        built by the first layer, reused by the others."""
-        key = (b, window, group)
-        mask = self._grouped.get(key)
-        if mask is None:
-            mask = self._grouped[key] = self.masks[b][window].repeat(group, 1)
-        return mask
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.history
@@ -125,25 +115,18 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         # GQA: a KV head's query heads and query tokens form one matrix [n_kv, group * n, D], so each
         # segment is one plain bmm (a broadcast matmul would expand every key group-fold: a copy)
         q = query[0, :, start:start + n].reshape(n_kv, group * n, head_dim)
-        mask = batch.grouped_mask(b, window, group)  # [group * n, L]: the row's [n, L] mask per query head
-        if softcap is None:  # mask + scaling * q k^T, one fused op per segment (this loop runs rows x layers times)
-            parts, at = [], 0
-            for k, _ in segments:
-                end = at + k.shape[-2]
-                parts.append(torch.baddbmm(mask[:, at:end], q, k[0].transpose(-1, -2), alpha=scaling))
-                at = end
-            scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        else:  # Gemma-2: the soft-cap comes between the scaled scores and the mask
-            scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1) * scaling
-            scores = torch.tanh(scores / softcap) * softcap + mask
+        scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1)
+        scores = scores * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = (scores.view(n_kv, group, n, -1) + batch.masks[b][window]).view(n_kv, group * n, -1)  # mask [n, L]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         mixed, at = None, 0
-        for _, v in segments:  # probs x values, accumulated segment by segment
-            end = at + v.shape[-2]
-            mixed = torch.bmm(probs[..., at:end], v[0]) if mixed is None else \
-                torch.baddbmm(mixed, probs[..., at:end], v[0])
-            at = end
-        out[0, start:start + n] = mixed.view(n_heads, n, head_dim).transpose(0, 1)
+        for _, v in segments:
+            part = torch.bmm(probs[..., at:at + v.shape[-2]], v[0])
+            mixed = part if mixed is None else mixed + part
+            at += v.shape[-2]
+        out[0, start:start + n] = mixed.reshape(n_heads, n, head_dim).transpose(0, 1)
     return out, None
 
 
