@@ -65,7 +65,7 @@ def test_padding_queries_of_a_batched_forward_never_reach_a_row():
     rows = [KVCache(), KVCache()]
     for kv, prompt in zip(rows, ([3, 1, 4], [2, 7, 1, 8, 2])):
         prefill(model, kv, prompt)
-    set_padding(model, PAD_ALL)  # 2 rows x 1 query -> 2 x 4 queries
+    set_padding(model, PAD_ALL)  # 2 rows x 1 query, packed -> 8 queries, 6 of them no row's
     logits = forward_batch(model, rows, [[5], [6]], [[-1], [-1]])
     assert [lg.shape[0] for lg in logits] == [1, 1]
     assert [len(kv.parents) for kv in rows] == [1, 1]
