@@ -160,8 +160,8 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
     `KVCache.forward`. The rows' new entries are packed into one sequence (no padding between rows);
     nothing but a row's own entries ever reaches its storage. Every row attends exactly to what its
-    own `KVCache.forward` would, over its own storage where it lies (row_attention.py); models whose attention cannot do that (Falcon) take
-    `_forward_batch_copied`.
+    own `KVCache.forward` would, over its own storage where it lies (row_attention.py); models whose
+    attention cannot do that (Falcon) take `_forward_batch_copied`.
     """
     layout = layout_of(model)
     layout.check_tree_masks(what)
