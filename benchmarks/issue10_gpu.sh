@@ -13,6 +13,8 @@
 #     bash benchmarks/issue10_gpu.sh 0.4
 #     bash benchmarks/issue10_gpu.sh 0.25 0.6
 # Goal (issue 10): batched seed >= 1.5x parallel at alpha >= 0.4, target busy >= 90%.
+# The models run in bf16 (the GPU default): a 'NO' in the tokens column is the batch-shape rounding
+# README's 'Numerics' describes (session 23 saw it on a CPU in bf16, parallel against ar too).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
 out="${OUT:-gpu-out}"

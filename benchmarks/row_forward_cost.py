@@ -9,6 +9,7 @@ copies every row's history once per layer, as the stock batched decode does. The
 `--repeats` forwards per size, after a warm-up; run it alone on the machine.
 
     python benchmarks/row_forward_cost.py --context 600 --rows 1,2,3,4,6,9,12
+    python benchmarks/row_forward_cost.py --target MODEL.gguf --dtype bfloat16 --entries 4 --rows 1,3,9
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def _median_ms(step, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def measure(model, context: int, rows: int, repeats: int) -> tuple[float, float]:
-    """(forward_batch ms, padded ms) for `rows` rows of `context` tokens, one new token each."""
+def measure(model, context: int, rows: int, repeats: int, entries: int = 1) -> tuple[float, float | None]:
+    """(forward_batch ms, padded ms) for `rows` rows of `context` tokens, `entries` new tokens each
+    (a chain, as a verification scores a draft); padded only at one entry (a decode step)."""
     prompt = [(i * 7) % 5000 + 10 for i in range(context + 1)]
     caches = []
     for _ in range(rows):
@@ -46,7 +48,7 @@ def measure(model, context: int, rows: int, repeats: int) -> tuple[float, float]
         caches.append(kv)
 
     def row_step():
-        forward_batch(model, caches, [[5]] * rows, [[-1]] * rows)
+        forward_batch(model, caches, [list(range(5, 5 + entries))] * rows, [list(range(-1, entries - 1))] * rows)
         for kv in caches:
             kv.commit([])  # drop the scored token: every repeat sees the same history
 
@@ -60,7 +62,7 @@ def measure(model, context: int, rows: int, repeats: int) -> tuple[float, float]
         model(input_ids=torch.tensor([[5]] * rows), position_ids=positions, use_cache=True,
               **cache_kwargs(model, history))
 
-    return _median_ms(row_step, repeats), _median_ms(padded_step, repeats)
+    return _median_ms(row_step, repeats), _median_ms(padded_step, repeats) if entries == 1 else None
 
 
 def main() -> None:
@@ -68,21 +70,25 @@ def main() -> None:
     parser.add_argument("--target", help="hub id, local dir or .gguf (default: the embedded target)")
     parser.add_argument("--context", type=int, default=600)
     parser.add_argument("--rows", default="1,2,3,4,6,9,12")
+    parser.add_argument("--entries", type=int, default=1, help="new tokens per row (a chain): a verification's size")
+    parser.add_argument("--dtype", help="float32 (CPU default), bfloat16, float16")
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    engine = Engine.from_pretrained(args.target, "lookup")  # the target alone: no draft model to load
+    engine = Engine.from_pretrained(args.target, "lookup", dtype=args.dtype)  # the target alone: no draft model to load
     sizes = [int(r) for r in args.rows.split(",")]
 
     def run():
-        return [measure(engine.target, args.context, r, args.repeats) for r in sizes]
+        return [measure(engine.target, args.context, r, args.repeats, args.entries) for r in sizes]
 
     # on a CPU every forward runs on the engine's forward thread (forward_thread.py), as in a real run
     results = engine.on_forward_thread(run) if engine.forward_thread is not None else run()
-    print(f"{engine.target_name}, {args.context}-token history, one new token per row, median of {args.repeats} (ms)")
+    print(f"{engine.target_name} ({engine.target.dtype}), {args.context}-token history, {args.entries} new token(s) "
+          f"per row, median of {args.repeats} (ms)")
     print("| rows | forward_batch | padded (one attention call) | forward_batch / padded |")
     print("| --- | --- | --- | --- |")
     for r, (row_ms, padded_ms) in zip(sizes, results):
-        print(f"| {r} | {row_ms:.1f} | {padded_ms:.1f} | {row_ms / padded_ms:.2f} |")
+        padded = "- | -" if padded_ms is None else f"{padded_ms:.1f} | {row_ms / padded_ms:.2f}"
+        print(f"| {r} | {row_ms:.1f} | {padded} |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ on that hardware with that pair.
 `--measure` calibrates a pair first (the embedded default unless --target/--draft say otherwise):
 
     python benchmarks/speculation_ceiling.py --measure --alpha 0.45,0.52 --rows 1,3,9
+    python benchmarks/speculation_ceiling.py --measure --dtype bfloat16 --alpha 0.45,0.52 --rows 1,3,9
 
 `--gain 3:8` adds what more concurrency can give each kind of round: the best plan's tokens per
 second at 8 rows over its tokens per second at 3 rows, beside the same ratio for `parallel`.
@@ -61,12 +62,12 @@ def load_entry(key: str) -> tuple[str, Costs]:
                                             for k in ("target_points", "draft_points")}})
 
 
-def measured(target: str | None, draft: str | None) -> tuple[str, Costs]:
-    """Calibrate (or read the cached calibration of) this pair on this machine."""
+def measured(target: str | None, draft: str | None, dtype: str | None = None) -> tuple[str, Costs]:
+    """Calibrate (or read the cached calibration of) this pair on this machine, in `dtype`."""
     from seed_tot import Engine
     from seed_tot.engine.policies.auto import _key, load_costs
 
-    engine = Engine.from_pretrained(target, draft)
+    engine = Engine.from_pretrained(target, draft, dtype=dtype)
     return _key(engine), load_costs(engine)
 
 
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--measure", action="store_true", help="calibrate --target/--draft now (cached)")
     parser.add_argument("--target", help="with --measure: hub id, local dir or .gguf (default: embedded)")
     parser.add_argument("--draft", help="with --measure: its draft (default: the shipped one)")
+    parser.add_argument("--dtype", help="with --measure: float32 (CPU default), bfloat16, float16")
     parser.add_argument("--alpha", default="0.3,0.56,0.7,0.8,0.9")
     parser.add_argument("--rows", default="1,3,9,18,36")
     parser.add_argument("--max-len", type=int, default=8)
@@ -83,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.measure == bool(args.key):
         parser.error("give exactly one of --key (a cached calibration) and --measure")
-    key, costs = measured(args.target, args.draft) if args.measure else load_entry(args.key)
+    key, costs = measured(args.target, args.draft, args.dtype) if args.measure else load_entry(args.key)
     free = Costs(costs.target_fixed_s, costs.target_per_token_s, 0.0, costs.target_points, ((1, 0.0), (2, 0.0)))
     alphas = [float(a) for a in args.alpha.split(",")]
     print(f"calibration: {key}")

@@ -30,7 +30,9 @@ def model_options(fn):
                                                    "prompt lookup)."),
         click.option("--draft-layers", default=4, show_default=True, help="Depth of the layer-truncated self-draft."),
         click.option("--device", default="auto", show_default=True),
-        click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)."),
+        click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU). Greedy output is "
+                     "token-identical across modes in float32; in half precision a forward's rounding "
+                     "depends on its batch shape (README, 'Numerics')."),
     ]):
         fn = option(fn)
     return fn

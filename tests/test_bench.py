@@ -196,6 +196,9 @@ def test_a_mode_with_different_tokens_is_reported_as_not_matching():
     assert [r["matches_ar"] for r in rows] == [True, True, False]
     table = format_table(rows, greedy=True, tot=False, synthetic=None)
     assert table.splitlines()[-1].rstrip().endswith("NO") and "SYNTHETIC" not in table
+    assert "rounding" not in table  # float32: a NO is a mismatch to look into, with no excuse printed
+    half = format_table(rows, greedy=True, tot=False, synthetic=None, dtype="bfloat16")
+    assert half.splitlines()[-1].startswith("bfloat16: a forward's rounding depends on its batch shape")
 
 
 def test_tokens_per_second_uses_the_median_run(thoughts_run):
