@@ -304,8 +304,9 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
     if greedy and dtype in HALF_DTYPES and any(row["matches_ar"] is False for row in rows):
         # seen on this project's CPU: bf16 `parallel` differs from bf16 `ar` on 3 GSM8K thoughts
         lines.append(f"{dtype}: a forward's rounding depends on its batch shape, so the target's own greedy "
-                     "output differs between modes that batch differently (parallel against ar too); "
-                     "token identity across modes holds in float32 (README, 'Numerics')")
+                     "output can differ between modes that batch differently (parallel against ar too); "
+                     "token identity across modes holds in float32: rerun with --dtype float32 to check it "
+                     "(README, 'Numerics')")
     if synthetic:
         lines.append(f"SYNTHETIC (preset {synthetic['preset']}, alpha {synthetic['alpha']:g}): "
                      "not a measurement of real models' outputs")
