@@ -9,6 +9,7 @@ import pytest
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import seed as seed_module
+from seed_tot.engine.forward_thread import ForwardThread
 from seed_tot.engine.seed import SeedError
 
 MAX_NEW = 20
@@ -180,3 +181,35 @@ def test_generate_inside_an_event_loop_points_to_agenerate(setup):
         return await engine.agenerate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=0), mode="seed")
 
     assert len(asyncio.run(inside())[0].token_ids) == 2
+
+
+class _RefusingThread(ForwardThread):
+    """A forward thread that stops taking work after `accepts` submissions, as every executor does once
+    the interpreter begins to exit."""
+
+    def __init__(self, accepts: int):
+        super().__init__()
+        self.accepts = accepts
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.accepts -= 1
+        if self.accepts < 0:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("accepts", [4, 12, 30])
+@pytest.mark.parametrize("mode", ["seed", "parallel"])
+def test_an_executor_that_refuses_work_fails_every_caller_instead_of_hanging(setup, mode, accepts):
+    """The verifier's and the draft batcher's waits for the forward thread are outside any forward: a
+    refusal there must reach the waiting callers (it used to end the scheduler task and strand them)."""
+    target, draft = setup
+    engine = Engine(target, draft, forward_thread=_RefusingThread(accepts))
+
+    async def run():
+        calls = [engine.agenerate([[1, 2, 3]] * 3, SamplingParams(max_new_tokens=40), mode=mode) for _ in range(3)]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=60)
+
+    outcomes = asyncio.run(run())
+    assert all(isinstance(o, (SeedError, RuntimeError)) for o in outcomes), outcomes
+    assert any("interpreter shutdown" in str(o) for o in outcomes)

@@ -63,3 +63,38 @@ def test_concurrent_solve_resumes_a_one_at_a_time_run_without_duplicates(engine,
     _solve(engine, data, out, "ar", 1, limit=1)
     records = _solve(engine, data, out, "ar", 2, resume=True)
     assert len(records) == len(QUESTIONS)
+
+
+def test_a_failing_problem_ends_a_concurrent_run_with_its_error_instead_of_hanging(tiny_model_dirs, data, tmp_path):
+    """One search raises while the others are inside engine calls: the process exits with that error.
+    (It used to hang at exit: the interpreter's shutdown stopped the engine's forward thread under the
+    searches still in flight, and the scheduler, refused by its executor, never released them.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from seed_tot.engine import Engine
+from seed_tot.search import apply_overrides, load_settings, solve_dataset
+from short_task import ShortTask
+
+
+class Failing(ShortTask):
+    def value_prompt(self, example, state):
+        if example.data["question"] == "pens":
+            raise ValueError("injected failure in problem pens")
+        return super().value_prompt(example, state)
+
+
+task = Failing()
+task.config = type(task.config)(depth=2, n_generate=2, breadth=1, max_new_tokens=60)
+engine = Engine.from_pretrained(target={tiny_model_dirs[0]!r}, draft={tiny_model_dirs[1]!r}, device="cpu")
+settings = apply_overrides(load_settings(None, base=task.config), mode="seed", temperature=0.0)
+solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={str(tmp_path / "out")!r},
+              concurrency=3)
+""")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "injected failure in problem pens" in run.stderr

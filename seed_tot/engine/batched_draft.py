@@ -113,20 +113,24 @@ class DraftBatcher:
             await self._wake.wait()
             self._wake.clear()
             while self._waiting:
-                if self.settle is not None:
-                    await self.settle()
-                if self.wait_turn:
-                    await after_queued_work(self.pool)
-                self._waiting = [r for r in self._waiting if not r.done.done()]  # drop cancelled workers
-                take = self._waiting[0].max_rows if self._waiting else 0
-                take = len(self._waiting) if take is None else take
-                batch, self._waiting = self._waiting[:take], self._waiting[take:]
-                if not batch:
-                    break
+                batch: list[_Request] = []
                 try:
+                    if self.settle is not None:
+                        await self.settle()
+                    if self.wait_turn:
+                        await after_queued_work(self.pool)
+                    self._waiting = [r for r in self._waiting if not r.done.done()]  # drop cancelled workers
+                    take = self._waiting[0].max_rows if self._waiting else 0
+                    take = len(self._waiting) if take is None else take
+                    batch, self._waiting = self._waiting[:take], self._waiting[take:]
+                    if not batch:
+                        break
                     drafts = await loop.run_in_executor(self.pool, self.run_in_stream, draft_batch_round, self.model,
                                                         [(r.seq, r.policy) for r in batch], self.vocab_size)
-                except Exception as err:  # each waiting worker raises it, naming its sequence
+                except Exception as err:  # each affected worker raises it, naming its sequence; a failure
+                    # before the batch was chosen (the executor refused even to wait) fails every waiting one
+                    if not batch:
+                        batch, self._waiting = self._waiting, []
                     for r in batch:
                         if not r.done.done():
                             r.done.set_exception(err)

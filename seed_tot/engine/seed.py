@@ -267,6 +267,12 @@ class SeedScheduler:
             try:
                 await self._verify(jobs)
                 await asyncio.sleep(0)  # the released workers run first and queue their next drafts
+            except Exception as err:  # outside the forward (e.g. its executor refused the work, as at
+                # interpreter exit): the jobs' workers must raise it, or their callers wait forever
+                for job in jobs:  # `_verify` extends this list in place with the jobs it took
+                    if not job.verified.is_set():
+                        job.error = err
+                        job.verified.set()
             finally:
                 self._verifying = None
                 done.set()
