@@ -239,7 +239,8 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    draft_forwards_per_token=total.draft_forwards / total.new_tokens if total.new_tokens else 0.0,
                    # what a drafter costs per round (ParallelSpec's one forward vs an AR drafter's k)
                    draft_ms_per_round=1000 * total.draft_busy_s / total.verifications if total.verifications else 0.0,
-                   target_busy_fraction=total.target_busy_fraction, target_forwards=round(total.target_forwards, 6),
+                   target_busy_fraction=total.target_busy_fraction, prefill_fraction=total.prefill_fraction,
+                   target_forwards=round(total.target_forwards, 6),
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
                    prompt_tokens_scored_per_run=round(total.target_prefill_tokens / len(r.runs), 3),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
@@ -281,7 +282,7 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
     per_hour = any("problems_per_hour" in row for row in rows)
     headers = ["mode", "wall s median [min-max]", "x ar", "x parallel", *(["problems/h"] if per_hour else []),
                "tokens/s", "acceptance",
-               "tokens/target fwd", "rows/target fwd", "query tok/target fwd", "target busy", "cache share", "peak MiB", match_header]
+               "tokens/target fwd", "rows/target fwd", "query tok/target fwd", "target busy", "prefill", "cache share", "peak MiB", match_header]
     body = []
     for row in rows:
         accept = "-" if row["mode"] not in DRAFTING_MODES else f"{row['acceptance_rate']:.3f}"
@@ -296,7 +297,8 @@ def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | No
                      f"{row['tokens_per_s']:.1f}",
                      accept, f"{row['tokens_per_target_forward']:.2f}", f"{row['rows_per_target_forward']:.2f}",
                      f"{row['query_tokens_per_target_forward']:.2f}",
-                     f"{row['target_busy_fraction']:.0%}", f"{row['cache_share']:.1%}",
+                     f"{row['target_busy_fraction']:.0%}", f"{row.get('prefill_fraction', 0.0):.0%}",
+                     f"{row['cache_share']:.1%}",
                      f"{row['peak_memory_mib']:.0f}", match])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *body]]

@@ -39,6 +39,8 @@ def test_forward_counters_sum_to_the_forwards_the_models_ran(engine_and_logs, mo
     # three distinct prompts of more than one token are prefilled once each (the copy shares it),
     # in every mode: parallel rows are prefilled before they join the shared decode forwards
     assert total.target_prefills == 2
+    # those prefills' seconds are counted apart, as a part of the target's busy time
+    assert 0 < total.target_prefill_s < total.target_busy_s
     # every decode forward scores each row's one pending token (the last one committed) plus its draft
     # nodes, so the query entries are exactly rounds + drafted nodes (ar and parallel: one per step)
     assert total.target_query_tokens == total.verifications + total.drafted

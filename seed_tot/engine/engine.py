@@ -370,6 +370,7 @@ class Engine:
         for seq, kv, cost in zip(seqs, caches, costs):
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
+            seq.stats.target_prefill_s += cost.busy_s
             seq.stats.target_prefills += cost.forwards
             seq.stats.target_prefill_tokens += cost.tokens
         features = None

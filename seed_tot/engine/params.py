@@ -77,6 +77,7 @@ class GenerationStats:
     draft_forwards: float = 0.0
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
+    target_prefill_s: float = 0.0  # the part of target_busy_s spent scoring prompts (prefill forwards)
     draft_busy_s: float = 0.0
     kv_copy_s: float = 0.0  # cache management: moving KV tensors (compacting accepted entries, regrowing storage)
     wall_s: float = 0.0
@@ -84,7 +85,7 @@ class GenerationStats:
 
     COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
                 "target_prefills", "target_prefill_tokens", "target_query_tokens", "draft_forwards", "draft_prefills",
-                "target_busy_s", "draft_busy_s", "kv_copy_s")
+                "target_busy_s", "target_prefill_s", "draft_busy_s", "kv_copy_s")
 
     @property
     def acceptance_rate(self) -> float:
@@ -117,6 +118,12 @@ class GenerationStats:
     def target_busy_fraction(self) -> float:
         return min(1.0, self.target_busy_s / self.wall_s) if self.wall_s else 0.0
 
+    @property
+    def prefill_fraction(self) -> float:
+        """Of the wall, the target's prompt scoring: the part no draft and no batch of decode rows
+        shortens (a compute-bound device scores a prompt token at about a decode token's cost)."""
+        return min(1.0, self.target_prefill_s / self.wall_s) if self.wall_s else 0.0
+
     def add(self, other: "GenerationStats") -> None:
         for name in self.COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -127,7 +134,7 @@ class GenerationStats:
             d.pop("events")
         d.update(acceptance_rate=self.acceptance_rate, tokens_per_target_forward=self.tokens_per_target_forward,
                  rows_per_target_forward=self.rows_per_target_forward, cache_share=self.cache_share,
-                 target_busy_fraction=self.target_busy_fraction)
+                 target_busy_fraction=self.target_busy_fraction, prefill_fraction=self.prefill_fraction)
         return d
 
     def __repr__(self) -> str:  # compact: the event timeline can hold hundreds of dicts
