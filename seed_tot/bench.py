@@ -243,6 +243,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    target_forwards=round(total.target_forwards, 6),
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
                    prompt_tokens_scored_per_run=round(total.target_prefill_tokens / len(r.runs), 3),
+                   target_prefill_s_per_run=total.target_prefill_s / len(r.runs),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         if r.spec.mode in DRAFTING_MODES and synthetic:
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config

@@ -32,7 +32,7 @@ PROBLEMS = [("apples", "7"), ("pens", "12"), ("pages", "84"), ("marbles", "3"), 
 WORDS = tuple(word for word, _ in PROBLEMS)  # one per problem, in all its prompts; faults name them
 # Keys whose values are clock readings (seconds end in "_s"), ratios of them, or output paths:
 # they legitimately differ between two runs of the same problems.
-CLOCK_RATIOS = ("busy_fraction", "cache_share")
+CLOCK_RATIOS = ("busy_fraction", "prefill_fraction", "cache_share")
 
 
 class BrokenTask(ShortTask):

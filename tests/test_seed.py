@@ -211,5 +211,35 @@ def test_an_executor_that_refuses_work_fails_every_caller_instead_of_hanging(set
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=60)
 
     outcomes = asyncio.run(run())
-    assert all(isinstance(o, (SeedError, RuntimeError)) for o in outcomes), outcomes
-    assert any("interpreter shutdown" in str(o) for o in outcomes)
+    assert all(isinstance(o, RuntimeError) and "interpreter shutdown" in str(o) for o in outcomes), outcomes
+
+
+def test_a_call_that_starts_while_the_last_one_winds_down_runs_to_the_end(setup, monkeypatch):
+    """When the last active call ends, the scheduler stops its tasks, which takes an await. A call
+    that starts in that window builds its own queue and tasks; stopping the old run must not touch
+    them (it used to cancel the new call's verifier and clear its queue: the call never finished)."""
+    target, draft = setup
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    prompt = [5, 3, 9]
+    original = seed_module.SeedScheduler._stop
+    second: list[asyncio.Task] = []
+
+    async def stop_with_a_newcomer(detached):
+        if not second:  # the first call's stop: start another call and let it get going first
+            scheduler = next(iter(engine._seed_schedulers.values()))
+            second.append(asyncio.create_task(engine.agenerate([prompt], params, mode="seed")))
+            for _ in range(5000):
+                if scheduler._active:
+                    break
+                await asyncio.sleep(0.001)
+            assert scheduler._active, "the second call never reached the scheduler"
+        await original(detached)
+
+    monkeypatch.setattr(seed_module.SeedScheduler, "_stop", staticmethod(stop_with_a_newcomer))
+
+    async def run():
+        await engine.agenerate([prompt], params, mode="seed")
+        return await asyncio.wait_for(second[0], timeout=60)
+
+    assert asyncio.run(run())[0].token_ids == reference_greedy(target, prompt, 12)

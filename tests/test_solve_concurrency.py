@@ -97,4 +97,4 @@ solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={
               concurrency=3)
 """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0 and "injected failure in problem pens" in run.stderr
+    assert run.returncode != 0 and "injected failure in problem pens" in run.stderr, run.stderr[-3000:]

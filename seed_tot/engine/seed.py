@@ -92,7 +92,8 @@ class VerifyQueue:
             return [self._items.popleft() for _ in range(n)]
 
     def take_more(self, jobs: list[VerifyJob]) -> list[VerifyJob]:
-        """`jobs` (just popped) and the jobs queued behind them since, up to the head's verify_batch."""
+        """`jobs` (just popped), extended in place with the jobs queued behind them since, up to the
+        head's verify_batch (the verifier fails exactly this list if the forward cannot run)."""
         limit = jobs[0].call.verify_batch
         while self._items and (limit is None or len(jobs) < limit):
             jobs.append(self._items.popleft())
@@ -171,17 +172,23 @@ class SeedScheduler:
         self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run,
                                      wait_turn=self._one_thread,
                                      settle=self._verification_settled if self._one_thread else None)
-        self._tasks = [asyncio.create_task(self._verifier(), name="seed-verifier"),
+        self._tasks = [asyncio.create_task(self._verifier(self._queue), name="seed-verifier"),
                        asyncio.create_task(self._batcher.run(), name="seed-draft-batcher")]
 
-    async def _stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+    def _detach(self) -> tuple[list[asyncio.Task], tuple]:
+        """Hand over this run's tasks and pools for `_stop`, leaving the scheduler clean at once (no
+        await in between): a call that starts while they wind down builds its own."""
+        tasks, self._tasks, self._queue = self._tasks, [], None
+        return tasks, (self._draft_pool, self._batch_pool, self._target_pool)
+
+    @staticmethod
+    async def _stop(detached: tuple[list[asyncio.Task], tuple]) -> None:
+        tasks, pools = detached
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for pool in (self._draft_pool, self._batch_pool, self._target_pool):
+        for pool in pools:
             pool.shutdown(wait=False)
-        self._queue = None
 
     async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...] | None,
                   n_workers: int | None = None, verify_batch: int | None = 1, draft_batch: int | None = 1) -> list[dict]:
@@ -210,14 +217,14 @@ class SeedScheduler:
         finally:
             self._active -= 1
             if self._active == 0:
-                await self._stop()
+                await self._stop(self._detach())
         for seq in seqs:
             seq.stats.events = call.events
         return call.events
 
     async def _draft_worker(self, seq: Sequence, call: _Call, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()
-        engine = self.engine
+        engine, queue = self.engine, self._queue  # this run's queue (see _detach)
         async with slots:
             while not seq.done:
                 start = call.now()
@@ -239,9 +246,9 @@ class SeedScheduler:
                     call.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
                                         "tokens": len(tree)})
                 job = VerifyJob(seq, tree, node_entry, end, call)
-                await self._queue.push(job)
+                await queue.push(job)
                 call.events.append({"type": "enqueue", "worker": seq.index, "t": call.now(),
-                                    "queue_len": len(self._queue)})
+                                    "queue_len": len(queue)})
                 await job.verified.wait()
                 if job.error is not None:
                     raise SeedError(f"verification of sequence {seq.index} failed: {job.error!r}") from job.error
@@ -258,34 +265,35 @@ class SeedScheduler:
         if running is not None:
             await running.wait()
 
-    async def _verifier(self) -> None:
+    async def _verifier(self, queue: VerifyQueue) -> None:
         while True:
-            jobs = await self._queue.pop()
+            jobs = await queue.pop()
             if jobs is None:
                 return
             done = self._verifying = asyncio.Event()
             try:
-                await self._verify(jobs)
+                await self._verify(jobs, queue)
                 await asyncio.sleep(0)  # the released workers run first and queue their next drafts
             except Exception as err:  # outside the forward (e.g. its executor refused the work, as at
                 # interpreter exit): the jobs' workers must raise it, or their callers wait forever
-                for job in jobs:  # `_verify` extends this list in place with the jobs it took
+                for job in jobs:  # `_verify` extends this list in place with the jobs it took (take_more)
                     if not job.verified.is_set():
                         job.error = err
                         job.verified.set()
             finally:
-                self._verifying = None
+                if self._verifying is done:  # not a later run's (this task may be winding down)
+                    self._verifying = None
                 done.set()
 
-    async def _verify(self, jobs: list[VerifyJob]) -> None:
+    async def _verify(self, jobs: list[VerifyJob], queue: VerifyQueue) -> None:
         """One target forward for `jobs` (and, on one forward thread, the drafts queued while it waited)."""
         if self._one_thread:  # wait for the forward thread: drafts running before us join this forward
             await after_queued_work(self._target_pool)
-            jobs = self._queue.take_more(jobs)
+            jobs = queue.take_more(jobs)
         calls = {id(j.call): j.call for j in jobs}.values()
         starts = {id(c): c.now() for c in calls}
         for c in calls:
-            c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
+            c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(queue)})
         outcomes = await asyncio.get_running_loop().run_in_executor(
             self._target_pool, self._streams.run, _verify_isolated, self.engine.target, jobs, self.engine.vocab_size)
         for job, outcome in zip(jobs, outcomes):

@@ -51,7 +51,7 @@ its levels pay for the tokens they add to a loaded forward. Priced alone (R=1) o
 costs the same up to a dozen tokens, every level looked free: at temperature 1 the embedded default
 verified 44 query tokens per forward for 6 rows and kept 8.9, the cut changed nothing. With R=8 it
 verified 30 and ran 1.09x the tokens/s of no cut (tot-gsm8k, 4 searches at once), 1.05x on
-Blocksworld (one at a time); R=4 gave 1.00x and 1.05x (session 21, README). Greedy rows cut alone
+Blocksworld (one at a time); R=4 gave 1.00x and 1.05x (session 21, docs/benchmarks.md). Greedy rows cut alone
 (sd; load=off) are priced as one row.
 load=all cuts sampled rows jointly too (still exact in distribution: the cut reads only draft-side
 outputs, never the target's), load=off cuts every row alone (base.load_option).
