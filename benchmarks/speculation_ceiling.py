@@ -26,6 +26,13 @@ Issue 10 asks four ToT searches for 2x the problems per hour of one; on a CPU, w
 cost grows with its query tokens, a round that already fills its forward with drafts gains less
 from more rows than one that carries a single token per row.
 
+`--prefill F` prices the whole workload, not its decoding alone: F is the share of the baseline's
+wall spent scoring prompts (bench's `prefill` column; session 24 measured 0.58 on the Qwen
+tot-step and 0.14-0.26 on tot-gsm8k). No draft shortens that part, so a decode ceiling c becomes
+1 / (F + (1 - F) / c) over the workload (Amdahl's law).
+
+    python benchmarks/speculation_ceiling.py --key qwen2.5-coder-1.5b --alpha 0.56 --rows 9 --prefill 0.58
+
 The calibration times one row of n tokens over a 64-token history, so it leaves out what a forward
 of many long rows adds (see benchmarks/row_forward_cost.py).
 """
@@ -50,6 +57,12 @@ def ceiling(costs: Costs, alpha: float, rows: int, max_len: int = 8) -> tuple[fl
     """(best plan's tokens per second / parallel's, the plan) for `rows` rows of acceptance alpha."""
     rate, plan = best_round(costs, alpha, rows, max_len)
     return rate / (rows / costs.target(rows)), plan
+
+
+def over_workload(decode_ratio: float, prefill: float) -> float:
+    """A decode-only speed ratio over a whole workload whose baseline spends `prefill` of its wall
+    scoring prompts, which speculation leaves as it is (Amdahl's law)."""
+    return 1.0 / (prefill + (1.0 - prefill) / decode_ratio)
 
 
 def load_entry(key: str) -> tuple[str, Costs]:
@@ -82,7 +95,10 @@ def main() -> None:
     parser.add_argument("--rows", default="1,3,9,18,36")
     parser.add_argument("--max-len", type=int, default=8)
     parser.add_argument("--gain", help="LOW:HIGH rows: what going from LOW to HIGH rows gives each round")
+    parser.add_argument("--prefill", type=float, help="the baseline's prompt-scoring share of its wall, in [0, 1)")
     args = parser.parse_args()
+    if args.prefill is not None and not 0.0 <= args.prefill < 1.0:
+        parser.error(f"--prefill {args.prefill}: expected a share of the wall in [0, 1), e.g. 0.58")
     if args.measure == bool(args.key):
         parser.error("give exactly one of --key (a cached calibration) and --measure")
     key, costs = measured(args.target, args.draft, args.dtype) if args.measure else load_entry(args.key)
@@ -91,13 +107,23 @@ def main() -> None:
     print(f"calibration: {key}")
     print("| rows | " + " | ".join(f"alpha {a}: x parallel (plan), free draft" for a in alphas) + " |")
     print("| --- |" + " --- |" * len(alphas))
+    whole = []  # (rows, cells) over the whole workload, with --prefill
     for rows in (int(r) for r in args.rows.split(",")):
-        cells = []
+        cells, whole_cells = [], []
         for a in alphas:
             real, plan = ceiling(costs, a, rows, args.max_len)
             ideal, ideal_plan = ceiling(free, a, rows, args.max_len)
             cells.append(f"{real:.2f} (K={max(plan)}), {ideal:.2f} (K={max(ideal_plan)})")
+            if args.prefill is not None:
+                whole_cells.append(f"{over_workload(real, args.prefill):.2f}, {over_workload(ideal, args.prefill):.2f}")
         print(f"| {rows} | " + " | ".join(cells) + " |")
+        whole.append((rows, whole_cells))
+    if args.prefill is not None:
+        print(f"\nover the whole workload, {args.prefill:.0%} of the baseline's wall scoring prompts:")
+        print("| rows | " + " | ".join(f"alpha {a}: x parallel (plan), free draft" for a in alphas) + " |")
+        print("| --- |" + " --- |" * len(alphas))
+        for rows, cells in whole:
+            print(f"| {rows} | " + " | ".join(cells) + " |")
     if args.gain:
         try:
             low, high = (int(r) for r in args.gain.split(":"))
