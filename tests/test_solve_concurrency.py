@@ -98,3 +98,52 @@ solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={
 """)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "injected failure in problem pens" in run.stderr, run.stderr[-3000:]
+
+
+def test_ctrl_c_ends_a_concurrent_run_promptly(tiny_model_dirs, data, tmp_path):
+    """Ctrl-C while searches are inside engine calls: the process exits, and results.jsonl holds only
+    whole records. (With the embedded model, `solve --concurrency 2` hung here for the reason in the
+    test above; these tiny models finish their calls too fast to show that, so this guards the path.)"""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import signal
+import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the parent's shell left
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from seed_tot.engine import Engine
+from seed_tot.search import apply_overrides, load_settings, solve_dataset
+from short_task import ShortTask
+
+
+class Announcing(ShortTask):
+    def thought_prompt(self, example, state):
+        if state.thoughts:  # a second step's thought call (up to 200 tokens) is about to start
+            print("in flight", flush=True)
+        return super().thought_prompt(example, state)
+
+
+task = Announcing()
+task.config = type(task.config)(depth=3, n_generate=3, breadth=2, max_new_tokens=200)
+engine = Engine.from_pretrained(target={tiny_model_dirs[0]!r}, draft={tiny_model_dirs[1]!r}, device="cpu")
+settings = apply_overrides(load_settings(None, base=task.config), mode="seed", temperature=0.0)
+solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={str(tmp_path / "out")!r},
+              concurrency=2)
+""")
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout.readline().strip() == "in flight", run.stderr.read()[-3000:]
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode != 0 and "KeyboardInterrupt" in stderr, stderr[-3000:]
+    results = tmp_path / "out" / "results.jsonl"
+    for line in results.read_text().splitlines() if results.exists() else []:
+        json.loads(line)
