@@ -1,8 +1,13 @@
 """`solve --concurrency N`: N searches at once on one engine give exactly the predictions of one at a
-time (greedy, per-problem seeds), one results line per problem, and resume works across the two."""
+time (greedy, per-problem seeds), one results line per problem, resume works across the two, and a
+failing problem or Ctrl-C ends the run instead of hanging it."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,50 +70,10 @@ def test_concurrent_solve_resumes_a_one_at_a_time_run_without_duplicates(engine,
     assert len(records) == len(QUESTIONS)
 
 
-def test_a_failing_problem_ends_a_concurrent_run_with_its_error_instead_of_hanging(tiny_model_dirs, data, tmp_path):
-    """One search raises while the others are inside engine calls: the process exits with that error.
-    (It used to hang at exit: the interpreter's shutdown stopped the engine's forward thread under the
-    searches still in flight, and the scheduler, refused by its executor, never released them.)"""
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    script = tmp_path / "run.py"
-    script.write_text(f"""
-import sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from seed_tot.engine import Engine
-from seed_tot.search import apply_overrides, load_settings, solve_dataset
-from short_task import ShortTask
-
-
-class Failing(ShortTask):
-    def value_prompt(self, example, state):
-        if example.data["question"] == "pens":
-            raise ValueError("injected failure in problem pens")
-        return super().value_prompt(example, state)
-
-
-task = Failing()
-task.config = type(task.config)(depth=2, n_generate=2, breadth=1, max_new_tokens=60)
-engine = Engine.from_pretrained(target={tiny_model_dirs[0]!r}, draft={tiny_model_dirs[1]!r}, device="cpu")
-settings = apply_overrides(load_settings(None, base=task.config), mode="seed", temperature=0.0)
-solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={str(tmp_path / "out")!r},
-              concurrency=3)
-""")
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0 and "injected failure in problem pens" in run.stderr, run.stderr[-3000:]
-
-
-def test_ctrl_c_ends_a_concurrent_run_promptly(tiny_model_dirs, data, tmp_path):
-    """Ctrl-C while searches are inside engine calls: the process exits, and results.jsonl holds only
-    whole records. (With the embedded model, `solve --concurrency 2` hung here for the reason in the
-    test above; these tiny models finish their calls too fast to show that, so this guards the path.)"""
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def _solve_script(tmp_path, model_dirs, data, task_class: str, config: str, concurrency: int):
+    """A script that solves `data` with `concurrency` searches of `task_class` (a ShortTask subclass,
+    as source) in a process of its own: what happens at exit can only be seen from outside."""
     script = tmp_path / "run.py"
     script.write_text(f"""
 import signal
@@ -119,22 +84,45 @@ from seed_tot.engine import Engine
 from seed_tot.search import apply_overrides, load_settings, solve_dataset
 from short_task import ShortTask
 
+{task_class}
 
-class Announcing(ShortTask):
+task = Task()
+task.config = type(task.config)({config})
+engine = Engine.from_pretrained(target={model_dirs[0]!r}, draft={model_dirs[1]!r}, device="cpu")
+settings = apply_overrides(load_settings(None, base=task.config), mode="seed", temperature=0.0)
+solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={str(tmp_path / "out")!r},
+              concurrency={concurrency})
+""")
+    return [sys.executable, str(script)]
+
+
+def test_a_failing_problem_ends_a_concurrent_run_with_its_error_instead_of_hanging(tiny_model_dirs, data, tmp_path):
+    """One search raises while the others are inside engine calls: the process exits with that error.
+    (It used to hang at exit: the interpreter's shutdown stopped the engine's forward thread under the
+    searches still in flight, and the scheduler, refused by its executor, never released them.)"""
+    command = _solve_script(tmp_path, tiny_model_dirs, data, """
+class Task(ShortTask):
+    def value_prompt(self, example, state):
+        if example.data["question"] == "pens":
+            raise ValueError("injected failure in problem pens")
+        return super().value_prompt(example, state)
+""", "depth=2, n_generate=2, breadth=1, max_new_tokens=60", concurrency=3)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "injected failure in problem pens" in run.stderr, run.stderr[-3000:]
+
+
+def test_ctrl_c_ends_a_concurrent_run_promptly(tiny_model_dirs, data, tmp_path):
+    """Ctrl-C while searches are inside engine calls: the process exits, and results.jsonl holds only
+    whole records. (With the embedded model, `solve --concurrency 2` hung here for the reason in the
+    test above; these tiny models finish their calls too fast to show that, so this guards the path.)"""
+    command = _solve_script(tmp_path, tiny_model_dirs, data, """
+class Task(ShortTask):
     def thought_prompt(self, example, state):
         if state.thoughts:  # a second step's thought call (up to 200 tokens) is about to start
             print("in flight", flush=True)
         return super().thought_prompt(example, state)
-
-
-task = Announcing()
-task.config = type(task.config)(depth=3, n_generate=3, breadth=2, max_new_tokens=200)
-engine = Engine.from_pretrained(target={tiny_model_dirs[0]!r}, draft={tiny_model_dirs[1]!r}, device="cpu")
-settings = apply_overrides(load_settings(None, base=task.config), mode="seed", temperature=0.0)
-solve_dataset(engine, task, task.load({data!r}), settings=settings, output_dir={str(tmp_path / "out")!r},
-              concurrency=2)
-""")
-    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+""", "depth=3, n_generate=3, breadth=2, max_new_tokens=200", concurrency=2)
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert run.stdout.readline().strip() == "in flight", run.stderr.read()[-3000:]
         run.send_signal(signal.SIGINT)
