@@ -8,10 +8,12 @@
 # asks for, and at alpha 0.4 it also writes the SEED paper's Fig. 4 trace (GPU utilization per
 # mode, from NVML). Every number lands in $OUT (the device tool's output folder) or ./gpu-out.
 #
-# Sized for the device tool's limits (10 minutes a command, 30 minutes a session): run one alpha
-# per call, from the repository root, with nothing installed beyond the GPU image:
+# Sized for the device tool's limits (10 minutes a command; since session 25 a session gets 15
+# minutes of device time in all, start-up included): run one alpha per call, 0.4 first (the
+# goal's alpha, and the only one that writes the trace), from the repository root, with nothing
+# installed beyond the GPU image:
 #     bash benchmarks/issue10_gpu.sh 0.4
-#     bash benchmarks/issue10_gpu.sh 0.25 0.6
+#     bash benchmarks/issue10_gpu.sh 0.25      # then 0.6, while device time is left
 # Goal (issue 10): batched seed >= 1.5x parallel at alpha >= 0.4, target busy >= 90%.
 # The models run in bf16 (the GPU default): a 'NO' in the tokens column is the batch-shape rounding
 # README's 'Numerics' describes (session 23 saw it on a CPU in bf16, parallel against ar too).
