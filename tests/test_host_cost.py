@@ -1,0 +1,41 @@
+"""benchmarks/host_cost.py on tiny sizes: the table it prints and the op counts it reports."""
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "host_cost.py"
+
+
+@pytest.fixture(scope="module")
+def host_cost():
+    return SimpleNamespace(**runpy.run_path(str(SCRIPT)))  # a script, not a package: its globals
+
+
+def test_host_cost_prints_one_table_row_per_row_count_and_writes_them_to_json(host_cost, tmp_path, capsys):
+    out = tmp_path / "host.json"
+    results = host_cost.main(["--rows", "1,3", "--repeats", "1", "--prompt-len", "12", "--new-tokens", "3",
+                              "--vocab", "256", "--modes", "parallel,seed", "--json", str(out)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    header, rule, *body = lines
+    assert header.count("|") == rule.count("|") == body[0].count("|") == 7
+    assert [line.split("|")[1].strip() for line in body] == ["1", "3"]
+    assert [r["rows"] for r in json.loads(out.read_text())["rows"]] == [1, 3]
+    for r in results:
+        assert r["transformers_ms"] > 0 and r["parallel_ms"] > 0 and r["seed_ms"] > 0
+        # both sides' decode forwards were found and counted (a missed forward reads None)
+        assert r["engine_ops"] > 0 and r["transformers_ops"] > 0
+
+
+def test_op_counter_counts_only_the_decode_forward_of_the_whole_batch(host_cost):
+    model = host_cost.tiny_llama(1, 64, seed=0)
+    with host_cost.ForwardOps(model) as counted:
+        host_cost._hf_generate(model, [[1, 2, 3], [4, 5, 6]], 3)
+    # one prompt forward (6 tokens) and two decode forwards (one token per row)
+    assert [tokens for tokens, _ in counted.forwards] == [6, 2, 2]
+    assert counted.decode_ops(2) == counted.forwards[-1][1]
+    assert counted.decode_ops(5) is None
