@@ -10,6 +10,7 @@ Puzzle: four numbers, e.g. "4 4 6 8"; reach 24 with + - * /, using each number e
   answer  = one expression from the steps, e.g. "(6 - 4) * (4 + 8)"; `score` checks it exactly.
 
 Run it:  python examples/game24.py   (the built-in puzzles on the default small model)
+    or:  seed-tot solve examples/game24.py:Game24 --config examples/game24.yaml --output runs/game24
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from typing import Any
 
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 
-# Three puzzles so the example runs without data (from the 4nums.com set that ToT uses).
+# Three puzzles so the example runs without data (from the 4nums.com set that ToT uses); the
+# prompts' worked examples use other numbers, so no puzzle's answer is in its own prompt.
 PUZZLES = ("4 4 6 8", "1 1 4 6", "2 9 10 12")
 
 THOUGHT_PROMPT = """Use numbers and basic arithmetic operations (+ - * /) to obtain 24. In each step, \
@@ -62,12 +64,12 @@ Numbers: {numbers}
 ANSWER_PROMPT = """Use numbers and basic arithmetic operations (+ - * /) to obtain 24. Combine the \
 steps into one expression that uses each input number exactly once.
 
-Input: 4 4 6 8
+Input: 4 9 10 13
 Steps:
-4 + 8 = 12 (left: 4 6 12)
-6 - 4 = 2 (left: 2 12)
-2 * 12 = 24 (left: 24)
-Answer: (6 - 4) * (4 + 8) = 24
+13 - 9 = 4 (left: 4 4 10)
+10 - 4 = 6 (left: 4 6)
+4 * 6 = 24 (left: 24)
+Answer: (10 - 4) * (13 - 9) = 24
 
 Input: {numbers}
 Steps:
