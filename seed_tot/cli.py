@@ -12,6 +12,7 @@ from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, load_engine, mode
                                   policy_kwargs, policy_options)
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
+from seed_tot.view.command import view_command, write_run_page
 
 log = logging.getLogger("seed_tot")
 
@@ -119,6 +120,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @click.option("--seed", type=int, default=None)
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
+@click.option("--view", "view_page", is_flag=True, help="When the run ends, write OUTPUT/tree.html (see `seed-tot view`).")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
 @policy_options
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
@@ -135,7 +137,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
-          draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker):
+          draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
+          view_page):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -161,12 +164,16 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
                                 output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency)
         click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+        if view_page:
+            write_run_page(output, task)
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
                                 concurrency=concurrency)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+    if view_page:
+        write_run_page(output, task)
 
 
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
@@ -288,6 +295,7 @@ def _register_bench() -> None:
     main.add_command(drafter_vocab_command)
     main.add_command(train_head_command)
     main.add_command(train_drafter_command)
+    main.add_command(view_command)
 
 
 _register_bench()

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from seed_tot.engine.params import GenerationStats
+from seed_tot.view.node_work import search_with_node_work
 
 from .bfs import bfs
 from .config import RunSettings, with_search_config
@@ -36,8 +37,8 @@ REPORTED_PHASES = ("thought", "value", "answer")  # always in a record (zeros wh
 
 # The keys solve_example writes itself; task.score's keys sit beside them.
 RECORD_FIELDS = frozenset({"id", "input", "prediction", "judge_score", "judge_reply", "answer_completion",
-                           "best_state", "best_value", "expanded", "steps", "stats", "max_new_tokens",
-                           "wall_s"})
+                           "best_state", "best_value", "expanded", "steps", "node_work", "stats",
+                           "max_new_tokens", "wall_s"})
 
 __all__ = ["RESULTS_FILE", "SUMMARY_FILE", "ResultsFileError", "ResultsRecorder", "resolve_algorithm", "run_search",
            "solve_dataset", "solve_example"]
@@ -60,7 +61,9 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
     caller.reseed(example.id)
     caller.take_stats()  # drop anything a previous, interrupted problem left behind
     caller.take_budgets()
-    result = run_search(caller, task, example, settings, algorithm)
+    # engine counters per tree node, for `seed-tot view`
+    result, node_work = search_with_node_work(caller, task, example,
+                                              lambda: run_search(caller, task, example, settings, algorithm))
     record: dict[str, Any] = {"id": example.id, "input": example.data, "prediction": result.prediction}
     for key, value in task.score(example, result.prediction).items():
         # a task's own fields ("answer", "gold", ...) stay top-level unless they clash with ours
@@ -79,6 +82,7 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
         "best_value": result.value,
         "expanded": result.expanded,
         "steps": result.steps,
+        "node_work": node_work,
         "stats": phase_stats,
         "max_new_tokens": caller.take_budgets(),  # per phase: the largest budget a call was given
         "wall_s": time.perf_counter() - start,
@@ -181,9 +185,13 @@ class ResultsRecorder:
         log.info("%s %s: prediction %r, %.1fs", self.task.name, record["id"], record["prediction"],
                  record.get("wall_s", 0.0))
 
-    def write_summary(self) -> dict[str, Any]:
+    def write_summary(self, engine: Any = None) -> dict[str, Any]:
         settings = self.settings
         summary = summarize_records(self.records())
+        for role in ("target", "draft"):  # the model pair, for the run header of `seed-tot view`
+            name = getattr(engine, f"{role}_name", None)
+            if isinstance(name, str):
+                summary[role] = name
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.mode,
                         "k_config": list(settings.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path)})
@@ -218,7 +226,7 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
                 recorder.add(solve_example(caller, task, example, settings, algorithm))
         else:
             _solve_concurrently(engine, task, recorder, settings, algorithm, concurrency)
-    return recorder.write_summary()
+    return recorder.write_summary(engine)
 
 
 def _solve_concurrently(engine: GenerationEngine, task: Task, recorder: ResultsRecorder, settings: RunSettings,

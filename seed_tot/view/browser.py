@@ -1,0 +1,91 @@
+"""Open a written page in headless Chromium (Selenium): the page's tests, its load-time benchmark
+and the README screenshot all look at it the way a person would, from disk.
+
+Chromium is the system browser (Debian's `chromium` and `chromium-driver` packages); nothing is
+downloaded. Every background service that would reach the network is switched off, so the
+requests the page itself makes are the only ones in the log.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
+
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome")
+DRIVER_NAMES = ("chromedriver",)
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
+         "--disable-extensions")
+
+
+def find_chromium() -> tuple[str, str] | None:
+    """(browser, driver) paths, or None when either is not installed (`$CHROMIUM`/`$CHROMEDRIVER` win)."""
+    browser = os.environ.get("CHROMIUM") or next(filter(None, map(shutil.which, BROWSER_NAMES)), None)
+    driver = os.environ.get("CHROMEDRIVER") or next(filter(None, map(shutil.which, DRIVER_NAMES)), None)
+    return (browser, driver) if browser and driver else None
+
+
+def missing_reason() -> str | None:
+    """Why the browser checks cannot run here, or None when they can."""
+    try:
+        import selenium  # noqa: F401 -- only its presence is checked here
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    if find_chromium() is None:
+        return ("no chromium and chromedriver found on PATH (apt-get install chromium chromium-driver, "
+                "or set CHROMIUM and CHROMEDRIVER)")
+    return None
+
+
+@contextmanager
+def headless_chromium(width: int = 1400, height: int = 900) -> Iterator[Any]:
+    """A Selenium driver on a fresh profile; its browser and performance logs are recorded."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    found = find_chromium()
+    if found is None:
+        raise RuntimeError(missing_reason() or "chromium not found")
+    browser, driver_path = found
+    profile = tempfile.mkdtemp(prefix="seed-tot-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def open_page(driver: Any, path: str | Path, fragment: str = "") -> None:
+    """Load the page from disk and wait until its script has drawn the list (body[data-ready])."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(Path(path).resolve().as_uri() + fragment)
+    WebDriverWait(driver, 120).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+
+
+def console_errors(driver: Any) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
+
+
+def requested_urls(driver: Any) -> list[str]:
+    """Every URL the browser asked for since the last call (from the DevTools network events),
+    except the browser's own chrome:// pages (its start page), which never leave the machine."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return [url for url in urls if not url.startswith("chrome://")]
