@@ -10,7 +10,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command("view")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True, help="The HTML page to write.")
 @click.option("--label", "labels", multiple=True,
               help="A name per run, in order (repeatable; default: the directories' names).")

@@ -121,8 +121,8 @@ def node_work(calls: CallLog, task: Task, example: Example, steps: list[dict[str
             value_work.append(None if index is None else calls.sequences[index].work)
             taken["value"] += [] if index is None else [index]
         work.append({"value_replies": replies, "thought_work": thought_work, "value_work": value_work})
-        work[-1]["call_work"] = {phase: _sum_calls([calls.calls[c] for c in sorted({calls.sequences[i].call for i in ids})])
-                             for phase, ids in taken.items()}
+        call_ids = {phase: sorted({calls.sequences[i].call for i in ids}) for phase, ids in taken.items()}
+        work[-1]["call_work"] = {phase: _sum_calls([calls.calls[c] for c in ids]) for phase, ids in call_ids.items()}
         used = taken["thought"] + taken["value"]
         if used:
             cursor = min(used)  # the next step's calls start at or after this step's first one

@@ -205,6 +205,7 @@ def problem_entry(record: dict[str, Any], show_state: StateShower | None = None)
         "correct": record.get("correct"), "score": record.get("score"), "wall_s": record.get("wall_s"),
         "value": record.get("best_value"), "answer": record.get("answer_completion"),
         "stats": record.get("stats"), "nodes": nodes, "steps": steps, "missing": missing_fields(record),
+        "work": isinstance(record.get("node_work"), list),  # node counters and replies were recorded
     }
     if "error" in record:
         entry["error"] = str(record["error"])

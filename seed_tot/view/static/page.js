@@ -49,22 +49,34 @@
   }
 
   // ---- run header ----
+  // label: value pairs, several to a column, so the header stays one screen wide
+  function pairs(r, items) {
+    return items.map(([name, value]) => h("div", {}, h("span", {cls: "kv"}, name + " "), value));
+  }
   const HEADER_ROWS = [
-    ["Run", (r) => h("span", {title: r.directory}, r.label)], ["Task", "task"], ["Algorithm", "algorithm"], ["Mode", "mode"],
-    ["Draft policy", "policy"], ["Policy options", "policy_options"], ["k_config", "k_config"],
-    ["Target", "target"], ["Draft", "draft"], ["Temperature", "temperature"],
-    ["Depth / n / breadth", (r) => [r.depth, r.n_generate, r.breadth].map((x) => x === null || x === undefined ? "?" : x).join(" / ")],
-    ["Problems", "n"], ["Accuracy", "accuracy", 3], ["Mean score", "mean_score", 3], ["Tokens/s", "tokens_per_s", 1],
-    ["Problems/h", "problems_per_h", 1], ["Acceptance", "acceptance_rate", 3],
-    ["Tokens per target forward", "tokens_per_target_forward", 2],
+    ["Run", (r) => h("span", {title: r.directory}, r.label)], ["Task", (r) => fmt(r.task)],
+    ["Search", (r) => pairs(r, [["algorithm", fmt(r.algorithm)], ["depth / n / breadth",
+      [r.depth, r.n_generate, r.breadth].map((x) => x === null || x === undefined ? "?" : x).join(" / ")],
+      ["temperature", fmt(r.temperature)]])],
+    ["Engine", (r) => pairs(r, [["mode", fmt(r.mode)], ["draft policy", fmt(r.policy)],
+      ["policy options", fmt(r.policy_options)], ["k_config", fmt(r.k_config)]])],
+    ["Models", (r) => pairs(r, [["target", model(r.target)], ["draft", model(r.draft)]])],
+    ["Problems", (r) => fmt(r.n)], ["Accuracy", (r) => fmt(r.accuracy, 3)], ["Mean score", (r) => fmt(r.mean_score, 3)],
+    ["Tokens/s", (r) => fmt(r.tokens_per_s, 1)], ["Problems/h", (r) => fmt(r.problems_per_h, 1)],
+    ["Acceptance", (r) => fmt(r.acceptance_rate, 3)], ["Tokens / target forward", (r) => fmt(r.tokens_per_target_forward, 2)],
   ];
+  // a model given as a file path is named by its file; the whole path is its tooltip
+  function model(name) {
+    return name ? h("span", {title: name}, String(name).split(/[\\/]/).filter(Boolean).pop()) : fmt(null);
+  }
   function drawHeader() {
     // one row per run, so two runs' figures sit one above the other
-    const rows = HEADER_ROWS.filter(([, key]) => !((key === "accuracy" || key === "mean_score") &&
-      RUNS.every((r) => r[key] === null || r[key] === undefined)));
+    // a task scores by accuracy or by a mean score: the column it does not use is left out
+    const unused = ["Accuracy", "Mean score"].filter((name) =>
+      RUNS.every((r) => (name === "Accuracy" ? r.accuracy : r.mean_score) === null));
+    const rows = HEADER_ROWS.filter(([name]) => !unused.includes(name));
     const table = h("table", {cls: "grid", id: "run-table"}, h("tr", {}, rows.map(([name]) => h("th", {}, name))),
-      RUNS.map((r) => h("tr", {}, rows.map(([, key, digits]) =>
-        h("td", {cls: typeof r[key] === "number" ? "num" : null}, typeof key === "function" ? key(r) : fmt(r[key], digits))))));
+      RUNS.map((r) => h("tr", {}, rows.map(([, cell]) => h("td", {}, cell(r))))));
     const box = document.getElementById("run-header");
     box.append(table);
     RUNS.forEach((r) => r.notes.forEach((note) => box.append(h("div", {cls: "missing"}, r.label + ": " + note))));
@@ -175,7 +187,8 @@
       h("h4", {}, node.t === null ? "Carried over: a final state competing again" : "Thought"), node.t === null ? null : longText(node.t),
       h("h4", {}, "State after this step"), h("ol", {cls: "state"}, statePath(p, node).map((x) => h("li", {}, longText(x)))),
       h("h4", {}, "Evaluator's reply"), node.r === null || node.r === undefined
-        ? h("div", {cls: "na"}, node.dup || node.t === null ? "none: not asked" : "none recorded (older results, or valued without the model)")
+        ? h("div", {cls: "na"}, node.dup || node.t === null ? "none: not asked" : p.work
+          ? "none: the task valued this state without the model (prior_value)" : "none recorded (older results)")
         : longText(node.r, "reply"),
       h("h4", {}, "Engine work"), wt);
     return body;
@@ -187,7 +200,9 @@
       h("span", {cls: "tw"}, "▸"), h("span", {cls: "badge val"}, "v " + fmt(node.v)),
       h("span", {cls: "badge st"}, node.k !== null ? "kept #" + (node.k + 1) : "pruned"),
       node.d ? h("span", {cls: "badge diff"}, "differs") : null,
-      h("span", {cls: "thought"}, node.t === null ? "(carried: " + (statePath(p, node).slice(-1)[0] || "") + ")" : node.t));
+      h("span", {cls: "thought"}, node.t === null ? "(carried: " + (statePath(p, node).slice(-1)[0] || "") + ")" : node.t),
+      node.t === "" ? h("span", {cls: "na"}, "(empty thought)") : null,
+      node.x !== undefined && node.t !== null ? h("span", {cls: "shown", title: "the state as the task holds it"}, " → " + node.x) : null);
     const li = h("li", {cls: cls.filter(Boolean).join(" "), "data-step": node.s, "data-idx": node.i}, head);
     const toggle = () => {
       if (!li.querySelector(":scope > .body")) head.after(nodeBody(p, node));  // built on first open
@@ -242,5 +257,6 @@
   const wanted = decodeURIComponent(location.hash.slice(1));
   const at = DATA.problems.findIndex((p) => p.id === wanted);
   if (at >= 0) openProblem(at);
+  document.body.dataset.readyMs = performance.now().toFixed(1);  // time to a usable page, for benchmarks/view_page.py
   document.body.dataset.ready = "1";
 })();
