@@ -2,16 +2,21 @@
 trees, differences between runs, missing fields, and the `view` / `solve --view` commands."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
+import pytest
 from click.testing import CliRunner
 from scripted_engine import ScriptedEngine
 from short_task import ShortTask
 from view_runs import BREADTH, DEPTH, N_GENERATE, QUESTIONS, records, respond, rewrite, solve_run
 
 from seed_tot.cli import main
+from seed_tot.search import DecodingSettings, LLMCaller, load_settings, shipped_config, solve_dataset
+from seed_tot.search.bfs import bfs
 from seed_tot.search.protocol import Example, State
+from seed_tot.tasks import get_task
 from seed_tot.view.node_work import CallLog, node_work
 from seed_tot.view.page import embed_json, write_page
 from seed_tot.view.page_data import build_page_data, load_run, problem_entry, tree_nodes
@@ -65,8 +70,6 @@ def test_states_valued_without_the_model_have_no_reply_and_others_keep_theirs(tm
     task = PriorTask()
     example = Example("0", {"question": "apples", "answer": "yes"})
     calls = CallLog(ScriptedEngine(respond))
-    from seed_tot.search.bfs import bfs
-    from seed_tot.search.llm import DecodingSettings, LLMCaller
     result = bfs(LLMCaller(calls, DecodingSettings()), task, example, task.config)
     work = node_work(calls, task, example, result.steps)
     for step, step_work in zip(result.steps, work):
@@ -125,6 +128,22 @@ def test_missing_fields_are_named_and_the_rest_still_builds(tmp_path):
     assert "steps[0].values" in entries[1]["missing"] and entries[1]["nodes"]
     assert entries[2]["error"] == "worker died" and "steps" in entries[2]["missing"]
     assert any("summary.json missing" in note for note in loaded.notes)
+
+
+@pytest.mark.parametrize("name, data, question", [
+    ("gsm8k", "gsm8k_small.jsonl", "Tom has 3 apples"), ("blocksworld", "blocksworld_small.jsonl", "problem_pddl"),
+    ("creative_writing", "creative_writing_small.txt", "lighthouse keeper")])
+def test_every_builtin_task_solves_into_a_page_with_its_question_and_tree(tmp_path, name, data, question):
+    task = get_task(name)
+    settings = load_settings(shipped_config(task.name), base=task.config, task_name=task.name)
+    settings = dataclasses.replace(settings, search=dataclasses.replace(settings.search, depth=2))
+    reply = "Step: 3 + 4 = 7. The answer is 7. sure 8 (pick-up a) good"
+    solve_dataset(ScriptedEngine(lambda user, copy: reply), task, task.load(f"{FIXTURES}/{data}", limit=1),
+                  settings=settings, output_dir=tmp_path / name)
+    problem = build_page_data([load_run(tmp_path / name)], getattr(task, "show_state", None))["problems"][0]
+    entry = problem["runs"][0]
+    assert question in problem["q"] and entry["missing"] == []
+    assert len(entry["nodes"]) == sum(len(s["thoughts"]) for s in records(tmp_path / name)[0]["steps"]) > 0
 
 
 def test_embedded_json_cannot_close_its_script_element():

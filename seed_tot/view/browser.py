@@ -27,17 +27,20 @@ FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-backgroun
 
 def find_chromium() -> tuple[str, str] | None:
     """(browser, driver) paths, or None when either is not installed (`$CHROMIUM`/`$CHROMEDRIVER` win)."""
-    browser = os.environ.get("CHROMIUM") or next(filter(None, map(shutil.which, BROWSER_NAMES)), None)
-    driver = os.environ.get("CHROMEDRIVER") or next(filter(None, map(shutil.which, DRIVER_NAMES)), None)
+    browser = _which(os.environ.get("CHROMIUM"), BROWSER_NAMES)
+    driver = _which(os.environ.get("CHROMEDRIVER"), DRIVER_NAMES)
     return (browser, driver) if browser and driver else None
 
 
+def _which(given: str | None, names: tuple[str, ...]) -> str | None:
+    if given:  # an explicit choice is used or reported missing, never replaced by another install
+        return shutil.which(given)
+    return next(filter(None, map(shutil.which, names)), None)
+
+
 def missing_reason() -> str | None:
-    """Why the browser checks cannot run here, or None when they can."""
-    try:
-        import selenium  # noqa: F401 -- only its presence is checked here
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
+    """Why the browser checks cannot run here, or None when they can. Only a missing browser is a
+    reason: selenium is in the `test` extra, so its absence is an install error, not a skip."""
     if find_chromium() is None:
         return ("no chromium and chromedriver found on PATH (apt-get install chromium chromium-driver, "
                 "or set CHROMIUM and CHROMEDRIVER)")

@@ -17,11 +17,14 @@ from seed_tot.search.protocol import Example, State
 from seed_tot.search.results_file import summarize_records
 from seed_tot.search.solve import RESULTS_FILE, SUMMARY_FILE
 
+from .node_work import WORK_FIELDS
+
 log = logging.getLogger(__name__)
 
 RECORD_FIELDS = ("id", "input", "prediction", "steps", "stats", "best_state", "wall_s")
 STEP_FIELDS = ("frontier", "thoughts", "parents", "new_states", "values", "kept")
-QUESTION_KEYS = ("question", "problem", "prompt", "input", "text")
+QUESTION_KEYS = ("question", "problem", "prompt", "input", "text", "sentences")  # creative_writing: "sentences"
+GOLD_KEYS = ("gold", "gold_plan")  # a score's gold (gsm8k), else the data's (blocksworld's plan)
 
 # show_state(example, state) -> str: how a node's state is shown (a task may supply it; the page
 # shows the node's own step, the last entry of the state, otherwise).
@@ -153,8 +156,9 @@ def tree_nodes(record: dict[str, Any], show_state: StateShower | None = None) ->
             parent_state = tuple(_at(frontier, _at(parents, i) if isinstance(_at(parents, i), int) else -1) or ())
             node: dict[str, Any] = {"p": by_state.get(parent_state, -1), "s": s, "i": i, "t": _at(thoughts, i),
                                     "v": _at(values, i), "k": kept.index(i) if i in kept else None,
-                                    "r": _at(work.get("value_replies"), i), "w": _at(work.get("thought_work"), i),
-                                    "vw": _at(work.get("value_work"), i)}
+                                    "r": _at(work.get("value_replies"), i),
+                                    "w": _packed(_at(work.get("thought_work"), i)),
+                                    "vw": _packed(_at(work.get("value_work"), i))}
             if state in seen and node["t"] is not None:
                 node["dup"] = 1
             seen.add(state)
@@ -169,9 +173,15 @@ def tree_nodes(record: dict[str, Any], show_state: StateShower | None = None) ->
         for state, index, is_kept in made:
             if is_kept:
                 by_state[state] = index
-        steps.append({"s": s, "cw": work.get("call_work"), "depth": step.get("depth")})
+        calls = work.get("call_work") if isinstance(work.get("call_work"), dict) else {}
+        steps.append({"s": s, "cw": {phase: _packed(c) for phase, c in calls.items()}, "depth": step.get("depth")})
     _mark_chosen(nodes, record.get("best_state"), record.get("steps") or [])
     return nodes, steps
+
+
+def _packed(work: Any) -> list | None:
+    """A node's counters as a list in WORK_FIELDS order: the names once per page, not once per node."""
+    return [work.get(name) for name in WORK_FIELDS] if isinstance(work, dict) else None
 
 
 def _shown(show_state: StateShower, example: Example, state: tuple) -> str:
@@ -198,10 +208,15 @@ def _mark_chosen(nodes: list[dict], best_state: Any, steps: list) -> None:
             node["c"] = 1
 
 
+def _gold(record: dict[str, Any]) -> Any:
+    data = record.get("input") if isinstance(record.get("input"), dict) else {}
+    return next((source[key] for key in GOLD_KEYS for source in (record, data) if key in source), None)
+
+
 def problem_entry(record: dict[str, Any], show_state: StateShower | None = None) -> dict[str, Any]:
     nodes, steps = tree_nodes(record, show_state)
     entry: dict[str, Any] = {
-        "prediction": record.get("prediction"), "gold": record.get("gold"),
+        "prediction": record.get("prediction"), "gold": _gold(record),
         "correct": record.get("correct"), "score": record.get("score"), "wall_s": record.get("wall_s"),
         "value": record.get("best_value"), "answer": record.get("answer_completion"),
         "stats": record.get("stats"), "nodes": nodes, "steps": steps, "missing": missing_fields(record),
@@ -262,4 +277,4 @@ def build_page_data(runs: Sequence[Run], show_state: StateShower | None = None) 
     headers = [run_header(run) for run in runs]
     greedy = [h["temperature"] == 0 for h in headers]
     return {"runs": headers, "problems": problems, "greedy": len(runs) > 1 and all(greedy),
-            "format": 1}
+            "work_fields": list(WORK_FIELDS), "format": 1}

@@ -5,6 +5,10 @@
   const DATA = JSON.parse(document.getElementById("run-data").textContent);
   const RUNS = DATA.runs;
   const NA = "not recorded";
+  // counters travel as lists in DATA.work_fields order; unpacked once, when their problem is opened
+  function unpack(values) {
+    return values ? Object.fromEntries(DATA.work_fields.map((name, i) => [name, values[i]])) : null;
+  }
 
   function h(tag, attrs, ...kids) {
     const el = document.createElement(tag);
@@ -233,6 +237,12 @@
   }
   function openProblem(index) {
     const prob = DATA.problems[index];
+    for (const p of prob.runs) {
+      if (!p || p.unpacked) continue;
+      p.nodes.forEach((n) => { n.w = unpack(n.w); n.vw = unpack(n.vw); });
+      p.steps.forEach((st) => { for (const phase of Object.keys(st.cw)) st.cw[phase] = unpack(st.cw[phase]); });
+      p.unpacked = true;
+    }
     ITEMS.forEach((it, i) => it.li.classList.toggle("active", i === index));
     const detail = document.getElementById("detail");
     detail.replaceChildren(h("h2", {}, "Problem " + prob.id), longText(prob.q, "question"));
