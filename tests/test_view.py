@@ -101,6 +101,17 @@ def test_tree_nodes_link_parents_and_count_kept_and_pruned(tmp_path):
     assert [n["s"] for n in chosen] == [0, 1] and chosen[1]["p"] == nodes.index(chosen[0])
 
 
+def test_dfs_expansions_hang_under_the_state_they_expanded(tmp_path):
+    record = records(solve_run(tmp_path / "dfs", algorithm="dfs"))[0]
+    assert len(record["steps"]) > DEPTH  # it backtracked, so some expansion's parent is not the last one
+    nodes, _ = tree_nodes(record)
+    for node in nodes:
+        step = record["steps"][node["s"]]
+        parent = nodes[node["p"]] if node["p"] >= 0 else None
+        parent_state = record["steps"][parent["s"]]["new_states"][parent["i"]] if parent else []
+        assert parent_state == step["frontier"][0] and (parent is None or parent["k"] is not None)
+
+
 def test_planted_difference_is_marked_on_both_runs_and_only_there(tmp_path):
     base, other = solve_run(tmp_path / "a"), solve_run(tmp_path / "b")
     rewrite(other, lambda rows: rows[1]["steps"][1]["thoughts"].__setitem__(4, "a planted thought"))

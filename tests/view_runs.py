@@ -26,14 +26,16 @@ def respond(user: str, copy: int) -> str:
     return f"<b>idea {copy}</b> after {user[-12:]}"
 
 
-def solve_run(directory: Path, *, temperature: float = 0.0) -> Path:
-    """A 3-problem BFS run (depth 2, 3 thoughts per state, 2 kept per step) in `directory`."""
+def solve_run(directory: Path, *, temperature: float = 0.0, algorithm: str = "bfs") -> Path:
+    """A 3-problem run (depth 2, 3 thoughts per state, 2 kept per step; DFS: kept = rated 5 or
+    more, at most 4 expansions) in `directory`."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     data = directory.parent / f"{directory.name}-data.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "yes"}) + "\n" for q in QUESTIONS))
     task = ShortTask()
     settings = RunSettings(search=SearchConfig(depth=DEPTH, n_generate=N_GENERATE, breadth=BREADTH, max_new_tokens=6,
-                                               temperature=temperature))
+                                               temperature=temperature, value_threshold=5.0),
+                           algorithm=algorithm, max_expansions=4)
     solve_dataset(ScriptedEngine(respond), task, task.load(str(data)), settings=settings, output_dir=directory)
     return directory
 
