@@ -88,7 +88,7 @@ def run_header(run: Run) -> dict[str, Any]:
         "task": summary.get("task"), "algorithm": summary.get("algorithm"), "mode": summary.get("mode"),
         "target": summary.get("target"), "draft": summary.get("draft"),
         "policy": settings.get("draft_policy") or ("default" if settings else None),
-        "policy_options": settings.get("policy_options") or None,
+        "policy_options": settings.get("policy_options") or ("none" if settings else None),
         "k_config": summary.get("k_config"), "temperature": search.get("temperature"),
         "depth": search.get("depth"), "n_generate": search.get("n_generate"), "breadth": search.get("breadth"),
         "n": figures["n"], "accuracy": figures.get("accuracy"), "mean_score": figures.get("mean_score"),
