@@ -13,7 +13,8 @@ import torch
 from .kv_cache import layout_of
 from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
-from .params import AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams, check_k_config
+from .params import (ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams,
+                     check_k_config)
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts
@@ -163,7 +164,7 @@ class Engine:
                  draft_batch: int | str | None = AUTO_BATCH) -> list[GenerationResult]:
         """Generate for every prompt; results come back in prompt order.
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
-        workers drafted per draft forward (None: all that are ready; 1: one thread per worker, the paper's;
+        workers drafted per draft forward (None or "all": all that are ready; 1: one thread per worker, the paper's;
         "auto", the default: see `resolve_batches`).
         draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto", "parallelspec",
         "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
@@ -249,14 +250,17 @@ class Engine:
         prefill and the one CPU forward thread), with identical tokens: a forward over m rows
         costs far less than m one-row forwards, on a CPU (see the issue-10 cost table) and more so
         on a GPU, where a target forward stays memory-bound up to hundreds of tokens. Explicit
-        numbers are kept as given; a batched number on an ALiBi model is refused (`_check_attention`)."""
+        numbers are kept as given; a batched number on an ALiBi model is refused (`_check_attention`).
+        "all" (README's and the CLI's spelling) is None."""
+        verify_batch, draft_batch = (None if value == ALL_BATCH else value for value in (verify_batch, draft_batch))
         if mode != "seed":
             return (1 if verify_batch == AUTO_BATCH else verify_batch), (1 if draft_batch == AUTO_BATCH else draft_batch)
 
         def decide(value, model) -> int | None:
             if value != AUTO_BATCH:
                 if isinstance(value, str):
-                    raise ValueError(f"a SEED batch size is a positive number, None (all) or {AUTO_BATCH!r}, got {value!r}")
+                    raise ValueError(f"a SEED batch size is a positive number, None or {ALL_BATCH!r} (every one) "
+                                     f"or {AUTO_BATCH!r}, got {value!r}")
                 return value
             try:
                 layout_of(model).check_tree_masks("batched seed")
@@ -395,11 +399,13 @@ class Engine:
                policy_options: dict | None = None):
         """The DraftPolicy of a call: an object as given, a name built once per engine and options
         (it keeps its calibration, head and records across calls), None for ar and parallel."""
-        from .policies import DraftPolicy, make_policy
+        from .policies import DraftPolicy, make_policy, may_draft_trees
         if isinstance(draft_policy, DraftPolicy):
             if policy_options:
                 raise ValueError("policy_options go with a policy name, not with a DraftPolicy object")
             self._check_feature_policy(draft_policy.name)
+            if mode in DRAFTING_MODES:
+                self._check_tree_policy(draft_policy.name, draft_policy.drafts_trees, draft_policy.uses_draft_model)
             return draft_policy
         if mode not in DRAFTING_MODES:
             if draft_policy not in (None, "fixed") or policy_options:
@@ -413,9 +419,27 @@ class Engine:
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         cache = self.__dict__.setdefault("_policies", {})
-        if key not in cache:
+        if key not in cache:  # checked before it is built: building may calibrate, which runs forwards
+            # every named policy that may draft trees feeds them to the draft model too
+            self._check_tree_policy(name, may_draft_trees(name, policy_options, self, shape), True)
             cache[key] = make_policy(name, policy_options, self, shape, params)
         return cache[key]
+
+    def _check_tree_policy(self, name: str, drafts_trees: bool, uses_draft_model: bool) -> None:
+        """Refuse, before any forward, a policy whose rounds may draft trees on a model that cannot
+        score them exactly (ALiBi): its first tree would fail mid-call, after prefill, and in seed mode
+        inside a worker. k_config's trees are checked in `_check_attention`."""
+        if not drafts_trees:
+            return
+        what = f"draft policy {name!r}, whose rounds may draft trees,"
+        try:
+            layout_of(self.target).check_tree_masks(what)
+            if uses_draft_model and self.draft is not None:
+                layout_of(self.draft).check_tree_masks(what)
+        except UnsupportedAttention as err:
+            raise UnsupportedAttention(f"{str(err).rstrip('.')}. Policies that draft chains are exact for it too: fixed with a "
+                                       f"chain k_config, auto, specdec, lookup, opt-tree with n=1, parallelspec "
+                                       f"with a chain k_config and passes=1, lookup=0") from None
 
     def _check_feature_policy(self, name: str) -> None:
         if self.target_hidden is not None and name not in ("parallelspec", "lookup"):

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 MODES = ("ar", "parallel", "sd", "mcsd", "seed")
 DRAFTING_MODES = ("sd", "mcsd", "seed")  # the modes that run a draft model
 AUTO_BATCH = "auto"  # SEED's default draft/verify batch: batched where exact (Engine.resolve_batches)
+ALL_BATCH = "all"  # the same as None: every queued draft / ready worker (the CLI's and README's spelling)
 
 
 @dataclass(frozen=True)

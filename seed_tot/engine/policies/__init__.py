@@ -42,7 +42,7 @@ from .fixed import FixedPolicy
 POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup")
 
 __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "make_policy",
-           "parse_policy_options"]
+           "may_draft_trees", "parse_policy_options"]
 
 
 def parse_policy_options(pairs) -> dict[str, str]:
@@ -77,14 +77,26 @@ def _policy_class(name: str):
     raise ValueError(f"unknown draft policy {name!r}; expected one of {', '.join(POLICIES)}")
 
 
-def make_policy(name: str, options: dict | None, engine, k_config: tuple[int, ...], params) -> DraftPolicy:
-    """Build a named policy for `engine`. Options come from policy_options / --policy-option;
-    an unknown key is an error naming the keys the policy takes."""
-    cls = _policy_class(name)
+def _checked_options(cls, name: str, options: dict | None) -> dict:
+    """The options as a dict; an unknown key is an error naming the keys the policy takes."""
     options = dict(options or {})
     accepted = [p for p in inspect.signature(cls.from_options).parameters if p not in ("engine", "k_config", "params")]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"draft policy {name!r} has no option {', '.join(unknown)}; "
                          f"it takes {', '.join(accepted) or 'no options'}")
-    return cls.from_options(engine=engine, k_config=k_config, params=params, **options)
+    return options
+
+
+def make_policy(name: str, options: dict | None, engine, k_config: tuple[int, ...], params) -> DraftPolicy:
+    """Build a named policy for `engine`. Options come from policy_options / --policy-option."""
+    cls = _policy_class(name)
+    return cls.from_options(engine=engine, k_config=k_config, params=params, **_checked_options(cls, name, options))
+
+
+def may_draft_trees(name: str, options: dict | None, engine, k_config: tuple[int, ...]) -> bool:
+    """Whether the policy `make_policy` would build may draft trees (DraftPolicy.drafts_trees), decided
+    without building it: building may calibrate, and a model that cannot score trees is refused before
+    any forward."""
+    cls = _policy_class(name)
+    return cls.may_draft_trees(engine, k_config, _checked_options(cls, name, options))

@@ -2,12 +2,12 @@
 
 Costs come from a short calibration on the running hardware (`calibrate`: target forward time at
 1, 2, 3, 4, 6, 8, 12 and 16 tokens verified, read piecewise-linearly between them, and draft time
-per step), cached per target/draft/device/dtype in $SEED_TOT_CACHE_DIR (default
-~/.cache/seed-tot)/calibration.json. Piecewise, not a + b * tokens: on a CPU a forward is nearly
-flat up to ~3 tokens and then grows (issue 10's table: 232, 238, 455 ms for 1, 2, 4 tokens), and a
-straight line through 1 and 16 tokens overstates short chains, so auto drafted 1 token where 2 pay. The acceptance estimate is a
-running, decayed per-token acceptance rate of each sequence, starting from a prior. For a chain of
-K drafted tokens with per-token acceptance alpha:
+per step), cached per target/draft architecture and shapes, dtype, device and machine (`cache_key`)
+in $SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json. Piecewise, not a + b * tokens:
+on a CPU a forward is nearly flat up to ~3 tokens and then grows (issue 10's table: 232, 238, 455 ms
+for 1, 2, 4 tokens), and a straight line through 1 and 16 tokens overstates short chains, so auto
+drafted 1 token where 2 pay. The acceptance estimate is a running, decayed per-token acceptance rate
+of each sequence, starting from a prior. For a chain of K drafted tokens with per-token acceptance alpha:
     tokens(K) = (1 - alpha^(K+1)) / (1 - alpha)        time(K) = K * t_draft + t_target(K + 1)
 and K = 0 (a plain target step, no draft forward at all) competes with the rest, so a draft that
 hardly ever agrees costs nothing but the occasional probe: when K = 0 wins, a one-token probe is
@@ -22,7 +22,8 @@ most expected tokens per second of the whole round (`plan_lengths`, `batch_time`
 On a CPU, where a forward's cost grows with its tokens past a few, 16 rows plan K = 0 (plain target
 steps: what `parallel` pays) while one row keeps its chain; on a GPU, flat to many tokens, every
 row keeps its chain. Costs are keyed by query tokens (rows x entries), calibrated up to 64 target
-and 32 draft tokens. A row whose own best length is 0 keeps the probing above. By default only
+and 32 draft tokens (fewer on a model with a shorter learned position table: `calibration_plan`).
+A row whose own best length is 0 keeps the probing above. By default only
 greedy rows plan together: a sampled row's length then depends on its own history alone, so its
 sample for a seed is the one it gets alone.
 
@@ -36,9 +37,11 @@ place of SpecDec++'s fixed threshold h.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,18 +159,75 @@ def cache_path() -> Path:
     return Path(root) / "calibration.json"
 
 
-def _key(engine) -> str:
-    return f"{engine.target_name}|{engine.draft_name}|{engine.target.device}|{engine.target.dtype}"
+# config entries that name a model or restate what the key holds otherwise (class, parameter dtypes), and
+# that differ between a model built in code and the same model saved and loaded: neither splits its costs
+_NAME_KEYS = ("_name_or_path", "name_or_path", "_commit_hash", "architectures", "dtype", "torch_dtype")
+
+
+def _model_signature(model) -> dict:
+    """What a model's forward cost depends on: its class, config and parameter shapes and dtypes.
+    The weights' values do not matter, so a noisy copy or a fine-tune of a model shares its costs.
+    Not the attention implementation (to_dict leaves it out): the engine may install its own on a
+    model in use, and the key must not change under a model between two calls."""
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    settings = {k: v for k, v in settings.items() if k not in _NAME_KEYS}
+    params = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+    first = next(model.parameters(), None)
+    return {"class": type(model).__name__, "config": settings, "params": params,
+            "device": str(first.device) if first is not None else "cpu"}
+
+
+def _machine(device: torch.device) -> str:
+    """The hardware and threads a forward runs on (a cache directory may be shared between machines)."""
+    where = f"{platform.node()}/{platform.machine()}/{os.cpu_count()}cpus/{torch.get_num_threads()}threads"
+    if device.type == "cuda":
+        where += f"/{torch.cuda.get_device_name(device)}"
+    return where
+
+
+def cache_key(engine) -> str:
+    """The calibration cache's key for `engine`: what determines its forward costs (each model's
+    architecture and shapes, dtype and device, and the machine), never the names the engine was given,
+    which `Engine(model, draft)` sets to "target"/"draft" for every pair. Readable in front, exact in
+    the digest: different models never share an entry, and the same model always does."""
+    target, draft = engine.target, engine.draft
+    signature = json.dumps([_model_signature(target), _model_signature(draft) if draft is not None else None],
+                           sort_keys=True, default=str)
+    digest = hashlib.sha256(signature.encode("utf-8")).hexdigest()[:24]
+    names = f"{type(target).__name__}+{type(draft).__name__ if draft is not None else '-'}"
+    return f"{names}|{target.device}|{target.dtype}|{_machine(target.device)}|{digest}"
+
+
+def calibration_plan(engine, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
+                     draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> tuple[int, tuple, tuple]:
+    """The prefix length and the target and draft query sizes to time, within the models' limits: a
+    model with learned positions (GPT-2, OPT) has none past its table, so there the prefix shrinks to
+    half of it and the sizes that would not fit after it are left out (`Costs` extrapolates past them)."""
+    from ..kv_cache import layout_of
+
+    limits = [layout_of(m).max_positions for m in (engine.target, engine.draft) if m is not None]
+    limit = min((n for n in limits if n is not None), default=None)
+    if limit is not None:
+        if limit < 2:
+            raise ValueError(f"a model with learned position embeddings for {limit} position(s) leaves no room "
+                             f"to calibrate forward costs")
+        context = min(context, limit // 2)
+    room = float("inf") if limit is None else limit - context
+    return (context, tuple(n for n in sorted(set(sizes) | {1}) if n <= room),
+            tuple(n for n in sorted(set(draft_sizes) | {1}) if n <= room))
 
 
 @torch.inference_mode()
 def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
               draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> Costs:
     """Time target forwards of each of `sizes` tokens and draft forwards of each of `draft_sizes`
-    after a `context`-token prefix (the best of `repeats`, after a warm-up)."""
+    after a `context`-token prefix (the best of `repeats`, after a warm-up), within the models'
+    position limits (`calibration_plan`)."""
     from ..kv_cache import KVCache
     from ..speculative import prefill
 
+    context, sizes, draft_sizes = calibration_plan(engine, context, sizes, draft_sizes)
     prompt = [i % engine.vocab_size for i in range(1, context + 1)]
 
     def timed(model, n_new: int) -> float:
@@ -181,31 +241,35 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
             kv.commit([])
         return best
 
-    points = tuple((n, timed(engine.target, n)) for n in sorted(set(sizes)))
-    draft_points = tuple((n, timed(engine.draft, n)) for n in sorted(set(draft_sizes) | {1}))
+    points = tuple((n, timed(engine.target, n)) for n in sizes)
+    draft_points = tuple((n, timed(engine.draft, n)) for n in draft_sizes)
     (n0, one), (n1, many) = points[0], points[-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
     return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
 
 
-def _current(entry: dict) -> bool:
-    """Whether this version measured the entry: older ones hold a line only, or single-row sizes up
-    to 16 tokens and no batched draft steps. Those are measured again."""
+def _current(entry: dict, largest: int) -> bool:
+    """Whether this version measured the entry up to `largest` target tokens (the most this engine's
+    models hold, `calibration_plan`): older ones hold a line only, or single-row sizes up to 16 tokens
+    and no batched draft steps. Those are measured again."""
     sizes = [n for n, _ in entry.get("target_points", ())]
-    return "draft_points" in entry and max(sizes, default=0) >= CALIBRATION_TOKENS[-1]
+    return "draft_points" in entry and max(sizes, default=0) >= largest
 
 
 def load_costs(engine, recalibrate: bool = False) -> Costs:
-    """This engine's costs from the cache, measured (and cached) when missing."""
-    path, key = cache_path(), _key(engine)
+    """This engine's costs from the cache, measured (and cached) when missing. Entries under keys of
+    other versions (display names, before `cache_key`) are left in the file and never read."""
+    path, key = cache_path(), cache_key(engine)
     try:
         cached = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         cached = {}
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable calibration cache ({err}); delete it to recalibrate") from None
+    if not isinstance(cached, dict):
+        raise ValueError(f"{path}: unreadable calibration cache (not a JSON object); delete it to recalibrate")
     entry = cached.get(key, {})
-    if _current(entry) and not recalibrate:
+    if _current(entry, calibration_plan(engine)[1][-1]) and not recalibrate:
         return Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
                                     for k in ("target_points", "draft_points")}})
     costs = calibrate(engine)
@@ -231,6 +295,7 @@ class _SeqState:
 
 class AutoPolicy(DraftPolicy):
     name = "auto"
+    drafts_trees = False  # a chain of the chosen length, or SpecDec++'s chain with a head
 
     def __init__(self, costs: Costs, max_len: int = 8, prior: float = 0.5, prior_weight: float = 2.0,
                  decay: float = 0.9, probe_every: int = 8, head=None, eos_ids=frozenset(),

@@ -93,6 +93,16 @@ class DraftPolicy:
     capture = None  # a HiddenCapture when rounds need the draft's hidden states
     # False: rounds never feed the draft model (prompt lookup), so its rows need no draft cache
     uses_draft_model = True
+    # whether rounds may draft a tree (siblings, scored under a 4D tree mask): the engine refuses such a
+    # policy before any forward on a model that cannot take those masks (ALiBi). True unless a policy
+    # knows its rounds are chains, so a policy that says nothing is checked rather than failing mid-call
+    drafts_trees = True
+
+    @classmethod
+    def may_draft_trees(cls, engine, k_config: tuple[int, ...], options: dict) -> bool:
+        """`drafts_trees` of the policy `from_options` would build from these options, read without
+        building it: building may calibrate costs (auto.py), and calibrating runs forwards."""
+        return cls.drafts_trees
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         raise NotImplementedError

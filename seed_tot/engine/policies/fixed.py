@@ -16,6 +16,11 @@ class FixedPolicy(DraftPolicy):
 
     def __init__(self, k_config=(1, 1, 1)):
         self.k_config = check_k_config(k_config)
+        self.drafts_trees = self.may_draft_trees(None, self.k_config, {})
+
+    @classmethod
+    def may_draft_trees(cls, engine, k_config, options) -> bool:
+        return any(k > 1 for k in check_k_config(k_config))
 
     @classmethod
     def from_options(cls, engine, k_config, params) -> "FixedPolicy":

@@ -47,6 +47,12 @@ class OptTreePolicy(DraftPolicy):
     def __init__(self, n: int = 8, delta: float = 0.2, max_depth: int = 8, temperature: float | None = None):
         self.options = OptTreeOptions(int(n), float(delta), int(max_depth),
                                       None if temperature is None else float(temperature))
+        self.drafts_trees = self.options.n > 1  # n = 1 keeps one node per layer: a chain
+
+    @classmethod
+    def may_draft_trees(cls, engine, k_config, options) -> bool:
+        n = options.get("n", OptTreeOptions.n)
+        return n == "auto" or option(cls.name, "n", n, int, 1) > 1  # derived n is at least 2
 
     @classmethod
     def from_options(cls, engine, k_config, params, n=8, delta=0.2, max_depth=8, temperature=None) -> "OptTreePolicy":

@@ -77,6 +77,22 @@ CUTS = ("none", "cost")
 SAMPLED_ROWS = 8  # the load a sampled row cut alone is priced at (measured: module doc)
 
 
+def _default_depth(drafter) -> int:
+    """A drafter directory may name the depth it drafts best at ("depth" in drafter.json); else k+1."""
+    return getattr(drafter, "default_depth", None) or getattr(drafter, "n_masks", 0) + 1
+
+
+def _default_lookup(drafter, lookup):
+    """The lookup option as given, else the one a drafter directory names ("lookup" in drafter.json), else off."""
+    return (getattr(drafter, "default_lookup", None) or 0) if lookup is None else lookup
+
+
+def _drafts_trees(widths, passes: int, lookup: int) -> bool:
+    """Whether rounds may hold siblings for the target (a level wider than 1, or a lookup guess grafted
+    beside the drafted chain) or feed the drafter a node off the root after its masks (passes > 1)."""
+    return any(w > 1 for w in widths) or passes > 1 or lookup > 0
+
+
 class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
@@ -88,8 +104,8 @@ class ParallelSpecPolicy(DraftPolicy):
                              "model: pass --draft DIR (Engine.from_pretrained(draft=DIR)) with a directory from "
                              "`seed-tot train-drafter --method parallelspec`")
         self.mask_ids = [drafter.mask_id(j) for j in range(1, n_masks + 1)]
-        if depth is None:  # a drafter directory may name the depth it drafts best at ("depth" in drafter.json)
-            depth = getattr(drafter, "default_depth", None) or n_masks + 1
+        if depth is None:
+            depth = _default_depth(drafter)
         self.depth = depth
         if not 1 <= self.depth <= n_masks + 1:
             raise ValueError(f"draft policy 'parallelspec': depth={depth} must be in 1..{n_masks + 1} "
@@ -111,6 +127,14 @@ class ParallelSpecPolicy(DraftPolicy):
             raise ValueError(f"draft policy 'parallelspec': sampled_rows={sampled_rows} must be >= 1")
         self.sampled_rows = sampled_rows
         self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
+        self.drafts_trees = _drafts_trees(self.widths, passes, lookup)
+
+    @classmethod
+    def may_draft_trees(cls, engine, k_config, options) -> bool:
+        depth = options.get("depth")
+        depth = _default_depth(engine.draft) if depth is None else option(cls.name, "depth", depth, int, 1)
+        return _drafts_trees(k_config[:depth], option(cls.name, "passes", options.get("passes", 1), int, 1),
+                             option(cls.name, "lookup", _default_lookup(engine.draft, options.get("lookup")), int, 0))
 
     @classmethod
     def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false",
@@ -120,8 +144,7 @@ class ParallelSpecPolicy(DraftPolicy):
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
         costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
                  if cut == "cost" else None)
-        if lookup is None:  # a drafter directory may name it ("lookup" in drafter.json)
-            lookup = getattr(engine.draft, "default_lookup", None) or 0
+        lookup = _default_lookup(engine.draft, lookup)
         return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs,
                    load, option(cls.name, "passes", passes, int, 1), option(cls.name, "lookup", lookup, int, 0),
                    option(cls.name, "sampled_rows", sampled_rows, int, 1))

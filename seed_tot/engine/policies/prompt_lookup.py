@@ -87,6 +87,7 @@ class PromptLookupPolicy(DraftPolicy):
 
     name = "lookup"
     uses_draft_model = False
+    drafts_trees = False  # one guessed chain per round
 
     def __init__(self, ngram: int = 3, depth: int = 3):
         if ngram < 1:

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 class SpecDecPolicy(DraftPolicy):
     name = "specdec"
+    drafts_trees = False  # one chain, cut where the head predicts a rejection
 
     def __init__(self, head, h: float = 0.5, min_len: int = 2, max_len: int = 20, eos_ids=frozenset(),
                  capture: HiddenCapture | None = None):
