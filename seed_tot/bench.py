@@ -50,18 +50,17 @@ from pathlib import Path
 from typing import Any
 
 import click
-import torch
 
 from seed_tot.bench_workloads import Workload, thoughts_workload, tot_step_workload, tot_workload
-from seed_tot.cli_options import load_engine, model_options, parse_batch, parse_k_config
-from seed_tot.engine import summarize
+from seed_tot.cli_options import (check_mode_options, given_options, load_engine, model_options, one_of_later,
+                                  parse_batch, parse_k_config)
 from seed_tot.engine.params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams
-from seed_tot.engine.synthetic import PRESETS, build_synthetic_engine, expected_acceptance
 
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
 DEFAULT_ALPHA = 0.8
 HALF_DTYPES = ("bfloat16", "float16")
+SPEC_SYNTAX = "MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][+POLICY[:KEY=VALUE...]]"
 _SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+|pc[01]))*)"
                    r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
 
@@ -98,8 +97,7 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
         if not m or m["mode"] not in MODES:
-            raise click.BadParameter(f"{label!r} is not MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][+POLICY[:KEY=VALUE...]] with "
-                                     f"MODE one of {', '.join(MODES)}",
+            raise click.BadParameter(f"{label!r} is not {SPEC_SYNTAX} with MODE one of {', '.join(MODES)}",
                                      param_hint="--modes")
         opts = dict(re.findall(r"@(w|vb|db|c|pc)(\d+|all)", m["opts"]))
         concurrency = int(opts.pop("c")) if "c" in opts else None
@@ -154,6 +152,8 @@ class RunOutput:
 
 
 def _sync(device) -> None:
+    import torch  # here and below: imported when a benchmark runs, not for `bench --help`
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -166,6 +166,8 @@ def _run_once(engine, workload: Workload, spec: ModeSpec, index: int) -> RunOutp
     predictions = workload(log_engine, spec, index)
     _sync(engine.target.device)
     wall = time.perf_counter() - start
+    from seed_tot.engine import summarize
+
     stats = GenerationStats()
     for results in log_engine.calls:
         stats.add(summarize(results))
@@ -197,6 +199,8 @@ def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int,
 
     Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
     last would otherwise carry the drift into every ratio (seen here: ~30% within a session)."""
+    import torch
+
     device = engine.target.device
     reports = [ModeReport(spec) for spec in specs]
     for spec in specs:
@@ -246,6 +250,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    target_prefill_s_per_run=total.target_prefill_s / len(r.runs),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         if r.spec.mode in DRAFTING_MODES and synthetic:
+            from seed_tot.engine.synthetic import expected_acceptance
             k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
         if problems:
@@ -265,6 +270,7 @@ def _matches(report: ModeReport, ar: ModeReport | None, greedy: bool, tot: bool)
 
 
 def _environment(engine, dtype_name: str) -> dict[str, Any]:
+    import torch
     import transformers
 
     device = engine.target.device
@@ -331,9 +337,13 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 
 
 @click.command()
-@click.option("--workload", type=click.Choice(WORKLOADS), default="thoughts", show_default=True)
+@click.option("--workload", type=click.Choice(WORKLOADS), default="thoughts", show_default=True,
+              help="thoughts: one thought and one value batch; tot-step: one ToT-BFS step; tot-*: whole solves.")
 @click.option("--modes", default="ar,parallel,sd,mcsd,seed", show_default=True,
-              help="Comma-separated MODE[:K-K-K][@wN][@vbM][@dbM], e.g. ar,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball.")
+              help=f"Comma-separated {SPEC_SYNTAX}: :K-K-K the draft tree, @wN SEED draft workers, @vbM / @dbM "
+                   "drafts per target / draft forward (M=all: every one), @cN problems at once (tot-* solves), @pc0 "
+                   "no prompt stretches kept across calls, +POLICY a draft policy and its options; e.g. "
+                   "ar,parallel@c4,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball,sd+auto,seed+opt-tree:n=8,seed+lookup.")
 @model_options
 @click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True,
               help="Default draft-tree shape of sd (its depth), mcsd and seed.")
@@ -355,12 +365,13 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="tot-*: keep each run's results.jsonl and summary.json here (default: a temporary directory).")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Untimed runs per mode first (0 for slow CPU runs of big models).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (and the synthetic models').")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write every number here.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Write trace.json, gpu.csv and utilization.png (one panel per mode) here.")
-@click.option("--synthetic", type=click.Choice(list(PRESETS)), default=None,
-              help="Random models of these real shapes with an acceptance oracle instead of --target/--draft.")
+@click.option("--synthetic", metavar="PRESET", callback=one_of_later("seed_tot.engine.synthetic", "PRESETS"), default=None,
+              help="Random models of real shapes with an acceptance oracle instead of --target/--draft: "
+                   "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.engine.synthetic.PRESETS).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
@@ -368,6 +379,12 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
           synthetic, alpha):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
+    ctx = click.get_current_context()
+    check_mode_options(ctx, [s.mode for s in specs])
+    solves = tuple(w for w in WORKLOADS if w.startswith("tot-") and w != "tot-step")
+    check_mode_options(ctx, [workload], dict.fromkeys(("limit", "concurrency", "output_dir"), solves), "workload")
+    if not synthetic and "alpha" in given_options(ctx):
+        raise click.UsageError("--alpha sets the acceptance oracle of --synthetic: it needs --synthetic")
     with_c = [s.label for s in specs if s.concurrency is not None]
     if with_c and not (workload.startswith("tot-") and workload != "tot-step"):
         raise click.BadParameter(f"{', '.join(with_c)}: @c (problems at once) applies to whole ToT solves "
@@ -376,6 +393,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     if synthetic and (target or draft):
         raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
     if synthetic:
+        from seed_tot.engine.synthetic import build_synthetic_engine
         engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
         click.echo(synthetic_banner(synthetic, alpha))
     else:
@@ -400,7 +418,8 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup)
         finally:
             if recorder:
-                click.echo(f"trace written to {recorder.finish()}", err=True)
+                recorder.finish()
+                click.echo(recorder.written(), err=True)
     rows = summarize_reports(reports, greedy, synth, tot, limit if tot else None)
     env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
     title = (f"{'SYNTHETIC ' if synthetic else ''}bench {workload}: {description}; "

@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, load_engine, model_options, parse_batch, parse_k_config,
-                                  policy_kwargs, policy_options)
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, load_engine,
+                                  model_options, parse_batch, parse_k_config, policy_kwargs, policy_options)
+from seed_tot.engine.params import DRAFTING_MODES, MODES
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
 from seed_tot.view.command import view_command, write_run_page
@@ -28,6 +30,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main)
+@click.version_option(package_name="seed-tot", prog_name="seed-tot")
 @click.option("-v", "--verbose", count=True, help="-v: info logs, -vv: debug logs.")
 def main(verbose: int) -> None:
     """Tree-of-thoughts reasoning on a scheduled speculative decoding (SEED) engine."""
@@ -35,16 +38,23 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
+# generate's mode-specific options: the engine modes' and the pipeline modes' (trace records engine events only)
+_GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"), "trace_dir": MODES,
+                          **dict.fromkeys(("stages", "port", "pipeline_timeout", "join", "simulate"), PIPELINE_MODES),
+                          **dict.fromkeys(("width", "children"), ("pipedec",))}
+
+
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from a file.")
-@click.option("--mode", type=click.Choice([*MODE_CHOICE.choices, *PIPELINE_MODES]), default="seed", show_default=True)
+@click.option("--mode", type=click.Choice([*MODE_CHOICE.choices, *PIPELINE_MODES]), default="seed", show_default=True,
+              help="Decoding mode (README, Python API); pipedec, pp, stpp split the target into --stages processes.")
 @model_options
 @click.option("--k-config", callback=parse_k_config, default="1,1,1", show_default=True, help="Draft tree shape, e.g. 2,2,1.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="Sample from the k likeliest tokens (0 = off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1 = off).")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True, help="New tokens per sequence at most.")
 @click.option("--num-samples", "-n", type=int, default=1, show_default=True, help="Copies of the prompt (a ToT thought batch).")
 @click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: all).")
 @click.option("--verify-batch", callback=parse_batch, default="auto", show_default=True,
@@ -52,7 +62,7 @@ def main(verbose: int) -> None:
 @click.option("--draft-batch", callback=parse_batch, default="auto", show_default=True,
               help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: a thread per worker).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None, help="Write a Chrome/Perfetto trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
@@ -67,6 +77,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give a PROMPT or --prompt-file, not both")
+    check_mode_options(click.get_current_context(), [mode], _GENERATE_MODE_OPTIONS)
     text = Path(prompt_file).read_text(encoding="utf-8") if prompt_file else (prompt or DEFAULT_PROMPT)
     try:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -105,23 +116,27 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 @main.command()
 @click.argument("task_name", metavar="TASK")
 @click.option("--data", type=click.Path(), default=None, help="Local data file (default: the task's Hub dataset or generator).")
-@click.option("--limit", type=int, default=None)
-@click.option("--offset", type=int, default=0, show_default=True)
+@click.option("--limit", type=int, default=None, help="Solve this many problems (default: all).")
+@click.option("--offset", type=int, default=0, show_default=True, help="Skip this many problems first.")
 @click.option("--config", "config_file", type=click.Path(), default=None, help="YAML settings (default: configs/TASK.yaml).")
-@click.option("--mode", type=MODE_CHOICE, default=None)
+@click.option("--mode", type=MODE_CHOICE, default=None, help="Decoding mode of every engine call (default: the config's).")
 @model_options
-@click.option("--k-config", callback=parse_k_config, default=None)
-@click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None)
-@click.option("--temperature", type=float, default=None)
-@click.option("--max-new-tokens", type=int, default=None)
-@click.option("--n-workers", type=int, default=None)
+@click.option("--k-config", callback=parse_k_config, default=None,
+              help="sd/mcsd/seed: draft tree shape, e.g. 1,1,1 (a chain) or 2,2,1 (default: the config's).")
+@click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None, help="Tree search (default: the config's).")
+@click.option("--temperature", type=float, default=None, help="Of every call, 0 = greedy (default: the config's).")
+@click.option("--max-new-tokens", type=int, default=None, help="Caps every call (default: the config's).")
+@click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: the config's).")
 @click.option("--verify-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
 @click.option("--draft-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None, help="Base seed; each problem's comes from it and its id (default: the config's).")
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as JSON (summary.json without its settings) instead of a few lines for a person.")
 @click.option("--view", "view_page", is_flag=True, help="When the run ends, write OUTPUT/tree.html (see `seed-tot view`).")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None)
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Write trace.json, gpu.csv and utilization.png of the engine here.")
 @policy_options
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="Problems searched at once on one engine (their sequences share batched forwards in seed mode); "
@@ -138,7 +153,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          view_page):
+          view_page, as_json):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -153,6 +168,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if ray_address is not None and trace_dir is not None:
         raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
+    check_mode_options(click.get_current_context(), [mode or settings.mode])
+    _warn_unused_settings(settings, mode or settings.mode)
     results = Path(output) / "results.jsonl"
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
@@ -161,19 +178,45 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                                draft_batch=draft_batch, seed=seed,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
     if ray_address is not None:
+        start = time.perf_counter()
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
                                 output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency)
-        click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
         if view_page:
             write_run_page(output, task)
+        _echo_summary(summary, output, as_json, time.perf_counter() - start)
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
+    start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
                                 concurrency=concurrency)
-    click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
     if view_page:
         write_run_page(output, task)
+    _echo_summary(summary, output, as_json, time.perf_counter() - start)
+
+
+def _echo_summary(summary: dict, output: str, as_json: bool, wall_s: float) -> None:
+    """solve's last words: a few lines for a person, or with --json the numbers (summary.json has both)."""
+    from seed_tot.search.solve import describe_summary
+
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=2, default=str))
+    else:
+        click.echo(describe_summary(summary, output, wall_s))
+
+
+def _warn_unused_settings(settings, mode: str) -> None:
+    """One line for the config's mode-specific settings that `mode` ignores (the shipped configs'
+    values equal the defaults, so they warn only where a config was written for another mode)."""
+    from seed_tot.search.config import RunSettings
+
+    defaults = RunSettings()
+    fields = {"policy_option": "policy_options", "head_dir": None}  # option -> setting; --head has none
+    ignored = [f"{field}={getattr(settings, field)}" for name, users in MODE_OPTIONS.items()
+               if (field := fields.get(name, name)) and mode not in users
+               and getattr(settings, field) != getattr(defaults, field)]
+    if ignored:
+        log.warning("%s: mode %s does not use %s", settings.source or "config", mode, ", ".join(ignored))
 
 
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
@@ -253,7 +296,15 @@ def score(task_name, data, predictions, as_json):
         mean = sum(float(r.get("score", 0.0)) for r in rows) / n if n else 0.0
         out = {"n": n, "mean_score": mean}
     out["no_prediction"] = len(examples) - n  # data ids the predictions file does not answer
-    click.echo(json.dumps(out) if as_json else "  ".join(f"{k}={v}" for k, v in out.items()))
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    figures = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in out.items()
+                        if k not in ("n", "no_prediction"))
+    click.echo(f"{task.name}: {n} prediction{'s' * (n != 1)} scored: {figures}")
+    if out["no_prediction"]:
+        click.echo(f"{out['no_prediction']} of the {len(examples)} records in the data have no prediction "
+                   "(not counted above)")
 
 
 class _NoTrace:
@@ -281,8 +332,8 @@ class _tracing:
 
     def __exit__(self, *exc):
         if self.trace_dir is not None:
-            path = self.tracer.finish()
-            click.echo(f"trace written to {path}", err=True)
+            self.tracer.finish()
+            click.echo(self.tracer.written(), err=True)
         return False
 
 

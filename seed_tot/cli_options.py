@@ -1,6 +1,8 @@
 """Options shared by the `seed-tot` commands that load models."""
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from seed_tot.engine.params import DRAFTING_MODES, MODES
@@ -29,7 +31,7 @@ def model_options(fn):
                                                    "layers; 'self' names those layers; 'lookup': no draft model, drafts by "
                                                    "prompt lookup)."),
         click.option("--draft-layers", default=4, show_default=True, help="Depth of the layer-truncated self-draft."),
-        click.option("--device", default="auto", show_default=True),
+        click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto (a GPU when there is one)."),
         click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU). Greedy output is "
                      "token-identical across modes in float32; in half precision a forward's rounding "
                      "depends on its batch shape (README, 'Numerics')."),
@@ -38,12 +40,21 @@ def model_options(fn):
     return fn
 
 
+def one_of_later(module: str, attribute: str):
+    """A click callback that checks a value against `module.attribute`'s names when the command
+    runs: where that module imports torch, a click.Choice would load it for --help too."""
+    def check(ctx, param, value):
+        choices = getattr(importlib.import_module(module), attribute)
+        if value is not None and value not in choices:
+            raise click.BadParameter(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+    return check
+
+
 def policy_options(fn):
     """--draft-policy/--policy-option/--head: how sd, mcsd and seed plan their drafts."""
-    from seed_tot.engine.policies import POLICIES
-
     for option in reversed([
-        click.option("--draft-policy", type=click.Choice(POLICIES), default=None,
+        click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.policies", "POLICIES"), default=None,
                      help="fixed (k_config shapes, the default), opt-tree, specdec, auto, parallelspec "
                           "(the default with a ParallelSpec --draft DIR), or lookup (prompt lookup, no draft model; "
                           "the default with --draft lookup)."),
@@ -67,10 +78,40 @@ def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
     if head_dir is not None:
         options["head"] = head_dir
     if not draft_policy:
-        if options:
-            raise click.UsageError("--policy-option and --head need --draft-policy")
-        return {}
+        # options without a policy name set the engine's default policy (e.g. the shipped
+        # drafter's parallelspec: --policy-option lookup=0), as README documents
+        return {"policy_options": options} if options else {}
     return {"draft_policy": draft_policy, "policy_options": options}
+
+
+# The options that only some decoding modes read, and those modes; any other mode would ignore them.
+# --draft is not here: a run keeps its models while --mode changes, and modes that draft nothing
+# skip loading it (the stats then say draft=none).
+MODE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "k_config": DRAFTING_MODES, "draft_policy": DRAFTING_MODES, "policy_option": DRAFTING_MODES,
+    "head_dir": DRAFTING_MODES, "n_workers": ("seed",), "verify_batch": ("seed",), "draft_batch": ("seed",)}
+
+
+def given_options(ctx: click.Context) -> set[str]:
+    """Names of the parameters given on the command line (or through the environment), not defaulted."""
+    from click.core import ParameterSource
+
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+
+
+def check_mode_options(ctx: click.Context, modes, uses: dict[str, tuple[str, ...]] = MODE_OPTIONS,
+                       what: str = "mode") -> None:
+    """A flag that none of `modes` reads is a usage error naming the flag and the modes that read it
+    (`what` names the kind of choice: a decoding mode, or bench's workload)."""
+    given = given_options(ctx)
+    unused = [(name, users) for name, users in uses.items() if name in given and not set(modes) & set(users)]
+    if unused:
+        flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+        named = ", ".join(f"{flags[name]} (read by {', '.join(users)})" for name, users in unused)
+        chosen = list(dict.fromkeys(modes))
+        verb = "does" if len(chosen) == 1 else "do"
+        raise click.UsageError(f"{what}{'s' * (len(chosen) > 1)} {', '.join(chosen)} {verb} not use {named}")
 
 
 def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES):

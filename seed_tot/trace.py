@@ -198,6 +198,32 @@ class TraceRecorder:
         log.info("trace written to %s (%d calls, %d GPU samples)", path, len(self.calls), len(self.sampler.samples))
         return path
 
+    def written(self) -> str:
+        """After finish(): one line naming every file written, and why gpu.csv is empty when it is."""
+        files = [self.dir / "trace.json", self.dir / "utilization.png"]
+        line = "trace written: " + ", ".join(str(f) for f in files if f.is_file())
+        if self.sampler.samples:
+            return f"{line}, {self.dir / 'gpu.csv'}"
+        reason = self.sampler.unavailable or "no samples were taken"
+        return f"{line}, {self.dir / 'gpu.csv'} (header only: no GPU sampled, {reason})"
+
+    def target_busy_fraction(self, label: str) -> float:
+        """The target's busy fraction of `label`'s runs, as bench's table and generate's stats line
+        define it (GenerationStats.target_busy_fraction: the calls' target_busy_s over the runs' wall
+        time). A run is a section a caller marked around it (bench: each timed run), else the span
+        from the label's first call to its last."""
+        mine = [c for c in self.calls if c.label == label]
+        windows = [(start, end) for _, start, end in self.sections
+                   if any(start <= c.start and c.end <= end for c in mine)]
+        if not windows:
+            windows = [(mine[0].start, max(c.end for c in mine))]
+        total = GenerationStats()
+        for call in mine:
+            if any(start <= call.start and call.end <= end for start, end in windows):
+                total.add(call.stats)
+        total.wall_s = sum(end - start for start, end in windows)
+        return total.target_busy_fraction
+
     def _gpu_status(self) -> str:
         if self.sampler.unavailable:
             return f"unavailable: {self.sampler.unavailable}"
@@ -292,8 +318,12 @@ class TraceRecorder:
                 ys = [100 * f for f in fractions]
                 ax.set_ylabel(NO_GPU_LABEL, fontsize=7)
             ax.step(xs, ys, where="post", linewidth=1)
-            mean = sum(ys) / len(ys) if ys else 0.0
-            ax.set_title(f"{label}: mean {mean:.0f}% over {stop - origin:.2f} s", fontsize=9)
+            # the headline is the table's target busy, over every run of the mode; the curve shows
+            # how the first run spreads it over time (its bins are capped at 100%)
+            busy = f"target busy {self.target_busy_fraction(label):.0%}"
+            if gpu:
+                busy = f"GPU utilization mean {sum(ys) / len(ys) if ys else 0.0:.0f}%, {busy}"
+            ax.set_title(f"{label}: {busy}; curve: its first run, {stop - origin:.2f} s", fontsize=9)
             ax.set_ylim(0, 105)
         axes[-1].set_xlabel("time since the mode's first call (s); each panel: the mode's first stretch of calls")
         fig.suptitle(f"{self.name}: " + (f"GPU utilization ({self.sampler.device_name})" if gpu else NO_GPU_LABEL))

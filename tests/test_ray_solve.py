@@ -350,7 +350,8 @@ def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, 
     keeper.release()  # the cluster's 2 CPUs go to the command's own 2 actors
     result = CliRunner().invoke(main, ["solve", "short", "--data", data, "--target", target, "--draft", draft,
                                        "--temperature", "1", "--device", "cpu", "--output", str(tmp_path),
-                                       "--ray", "--workers", "2", "--concurrency", "2"], catch_exceptions=False)
+                                       "--ray", "--workers", "2", "--concurrency", "2", "--json"],
+                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == len(examples)
     assert by_id(read_records(tmp_path)) == by_id(reference(1.0)[0])  # same settings as the sampled reference

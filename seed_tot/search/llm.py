@@ -140,7 +140,9 @@ class LLMCaller:
         self.progress.phase = phase
         self.progress.steps += phase == "thought"
         self._report()
-        policy = {"draft_policy": s.draft_policy, "policy_options": s.policy_options} if s.draft_policy else {}
+        # options without a policy name set the engine's default policy (e.g. lookup=0 for the shipped drafter)
+        policy = ({"draft_policy": s.draft_policy, "policy_options": s.policy_options}
+                  if s.draft_policy or s.policy_options else {})
         results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch,
                                        draft_batch=s.draft_batch, **policy)
         if len(results) != len(rendered):

@@ -265,3 +265,31 @@ def _solve_concurrently(engine: GenerationEngine, task: Task, recorder: ResultsR
 
 class SolveCancelled(Exception):
     """A concurrent search stopped because the run was interrupted."""
+
+
+def describe_summary(summary: dict[str, Any], output_dir: str | Path, wall_s: float | None = None) -> str:
+    """The end of a run for a person: task, problems, result, speed, and where the files are
+    (summary.json holds every number)."""
+    from seed_tot.engine.params import DRAFTING_MODES
+
+    n = summary.get("n", 0)
+    result = []
+    if "accuracy" in summary:
+        result.append(f"accuracy {summary['accuracy']:.3f} ({round(summary['accuracy'] * n)}/{n})")
+    if "mean_score" in summary:
+        result.append(f"mean score {summary['mean_score']:.3f}")
+    if "mean_judge_score" in summary:
+        result.append(f"mean judge score {summary['mean_judge_score']:.2f}")
+    if summary.get("failed"):
+        result.append(f"{summary['failed']} failed")
+    head = f"{summary.get('task', 'run')}: {n} problem{'s' * (n != 1)}" + "".join(f", {r}" for r in result)
+    wall = f"wall {wall_s:.1f} s, " if wall_s is not None else ""
+    speed = (f"{wall}{summary.get('mean_wall_s', 0.0):.1f} s per problem, {summary.get('tokens_per_s', 0.0):.1f} "
+             f"tokens/s, mode {summary.get('mode', '?')}")
+    if summary.get("mode") in DRAFTING_MODES:
+        speed += f", acceptance {summary.get('acceptance_rate', 0.0):.3f}"
+    out = Path(output_dir)
+    files = [f"results {out / RESULTS_FILE}", f"summary {out / SUMMARY_FILE}"]
+    if (out / "tree.html").is_file():
+        files.append(f"tree {out / 'tree.html'}")
+    return "\n".join([head, speed, ", ".join(files)])

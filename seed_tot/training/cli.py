@@ -17,19 +17,22 @@ DATA_FILE = "data.safetensors"
 @model_options
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
               help='JSONL prompts, one {"question": ...} per line (e.g. GSM8K *train*).')
-@click.option("--max-examples", type=click.IntRange(min=2), default=64, show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--max-examples", type=click.IntRange(min=2), default=64, show_default=True,
+              help="Prompts read from --data to generate acceptance data with.")
+@click.option("--steps", type=click.IntRange(min=1), default=500, show_default=True, help="Training steps of the head.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Head, config, cached data and checkpoints go here; rerun to resume.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Target response length.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Of the target's responses (0 = off).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="Of the target's responses (1 = off).")
 @click.option("--mix-rate", type=click.FloatRange(0, 1), default=0.15, show_default=True, help="r: P(Z_i = X_i).")
 @click.option("--w-rej", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
               help="BCE weight of rejections (the paper tries 1, 3, 6, 12).")
 @click.option("--layers", type=click.IntRange(min=0), default=2, show_default=True, help="Residual blocks of the head.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of sampling, mixing and training.")
 def train_head_command(target, draft, draft_layers, device, dtype, data_file, max_examples, steps, out_dir,
                        max_new_tokens, temperature, top_k, top_p, mix_rate, w_rej, layers, seed):
     """Generate acceptance data with the target and draft, then train the head (progress on stderr)."""

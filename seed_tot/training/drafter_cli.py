@@ -23,14 +23,15 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 
 
 @click.command("train-drafter")
-@click.option("--method", type=click.Choice(["parallelspec", "autoregressive"]), default="parallelspec", show_default=True)
+@click.option("--method", type=click.Choice(["parallelspec", "autoregressive"]), default="parallelspec", show_default=True,
+              help="parallelspec: k+1 tokens per forward from [MASK] tokens; autoregressive: one token per forward.")
 @click.option("--target", default=None, help="Hub id, local dir or .gguf file (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
               help='JSONL training questions, one {"question": ..., "answer": ...} per line (GSM8K *train*; never test data); gsm8k_value builds its states from the answers.')
 @click.option("--k", "k", type=click.IntRange(min=1), default=4, show_default=True,
               help="parallelspec: [MASK] tokens (drafts k+1 per forward); autoregressive: held-out chain is k+1 long.")
 @click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Decoder layers of the drafter.")
-@click.option("--steps", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=2000, show_default=True, help="Training steps.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Drafter, config, cached data and checkpoints go here; rerun to resume.")
 @click.option("--tasks", default="gsm8k,gsm8k_value,blocksworld,creative_writing", show_default=True, callback=_task_list,
@@ -52,14 +53,14 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--max-groups", type=click.IntRange(min=1), default=64, show_default=True,
               help="Group anchors per sequence and step (drawn from the response positions).")
 @click.option("--context", type=click.IntRange(min=1), default=256, show_default=True, help="Prompt tokens kept per sample.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True)
-@click.option("--device", default="auto", show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True, help="Learning rate.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto (a GPU when there is one).")
 @click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
 @click.option("--draft-vocab", "vocab_size", type=click.IntRange(min=0), default=DEFAULT_VOCAB, show_default=True,
               help="Train and draft over only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
 @click.option("--vocab-examples", type=click.IntRange(min=0), default=8000, show_default=True,
               help="Train records whose prompts and solutions fill the draft vocabulary past the responses' own tokens.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of data selection and training.")
 def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
                           max_new_tokens, temperature, distill_temperature, target_features, gen_batch, batch, max_groups,
                           context, lr, device, dtype, vocab_size, vocab_examples, seed):

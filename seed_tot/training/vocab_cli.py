@@ -39,8 +39,10 @@ def special_ids(tokenizer) -> list[int]:
               help="JSONL train records ({'question', 'answer'}) to count, when DIR holds no cached training data.")
 @click.option("--size", type=click.IntRange(min=0), default=DEFAULT_SIZE, show_default=True,
               help="Most frequent tokens kept (0: remove the vocabulary, draft over all tokens).")
-@click.option("--max-examples", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option("--tasks", default="gsm8k,blocksworld,creative_writing", show_default=True)
+@click.option("--max-examples", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Train records read from --data.")
+@click.option("--tasks", default="gsm8k,blocksworld,creative_writing", show_default=True,
+              help="Which task prompts to render from the train records before counting.")
 def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, tasks):
     """Count training-side tokens, keep the --size most frequent (plus special tokens) as DIR's draft
     vocabulary and report its coverage of the counted text."""

@@ -5,8 +5,12 @@ import logging
 
 import click
 
+from typing import TYPE_CHECKING
+
 from ..params import SamplingParams
-from .launch import ModelSource, PipelineConfig, PipelineOutput, join_group, launch, simulate
+
+if TYPE_CHECKING:
+    from .launch import PipelineOutput
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +23,8 @@ def generate_pipelined(engine, prompts, params: SamplingParams | None = None, mo
     processes=True: N + 1 local processes (forked where safe, so they share the loaded weights
     copy-on-write); False: the single-process simulation; join=True: this process is one rank of a
     group started by torchrun."""
+    from .launch import ModelSource, PipelineConfig, join_group, launch, simulate  # torch: only when a pipeline runs
+
     params = params or SamplingParams()
     cfg = PipelineConfig(mode=mode, n_stages=stages, width=width, children=children, k_config=tuple(k_config))
     encoded = engine.encode(prompts)

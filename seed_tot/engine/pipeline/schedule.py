@@ -24,7 +24,7 @@ from ..speculative import _commit_draft, draft_round
 from ..verify import accept_tokens
 from .roles import Message, prompt_message
 
-PIPELINE_MODES = ("pipedec", "pp", "stpp")
+from . import PIPELINE_MODES  # noqa: F401 - defined with the package, torch-free; launch.py reads it here
 DRAFT_SEED_OFFSET = 1_000_003  # the STPP draft's own random stream, apart from the target's
 
 

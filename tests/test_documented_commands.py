@@ -1,0 +1,142 @@
+"""Every `seed-tot ...` command in README.md and docs/*.md parses as written (click's parsing and the
+checks a command makes before it loads a model), without running any model."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+from scripted_engine import ScriptedEngine
+
+from seed_tot.bench import parse_modes
+from seed_tot.cli import _GENERATE_MODE_OPTIONS, main
+from seed_tot.cli_options import check_mode_options, policy_kwargs
+from seed_tot.search import DecodingSettings, LLMCaller
+from seed_tot.search.config import RunSettings
+from seed_tot.search.protocol import Prompt
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# prose that names a command's shape rather than a command: placeholders, alternatives, elisions
+SYNOPSIS = re.compile(r"\.\.\.|…|\||\[|\b[A-Z]{3,}\b")
+
+
+def _block_commands(text: str) -> list[str]:
+    """`seed-tot` lines of fenced code blocks, with their backslash continuations joined."""
+    commands, in_block, pending = [], False, None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            in_block, pending = not in_block, None
+            continue
+        if not in_block:
+            continue
+        stripped = line.strip()
+        if pending is not None:
+            pending += " " + stripped.rstrip("\\")
+        elif stripped.startswith("seed-tot "):
+            pending = stripped.rstrip("\\")
+        else:
+            continue
+        if not stripped.endswith("\\"):
+            commands.append(pending)
+            pending = None
+    return commands
+
+
+def _inline_commands(text: str) -> list[str]:
+    return [c for c in re.findall(r"`(seed-tot [^`]+)`", text) if not SYNOPSIS.search(c)]
+
+
+def _documented(kind):
+    found = []
+    for doc in DOCS:
+        for command in kind(doc.read_text(encoding="utf-8")):
+            found.append(pytest.param(command, id=f"{doc.name}: {command[:70]}"))
+    return found
+
+
+def _create_inputs(cmd: click.Command, args: list[str]) -> None:
+    """Files the command requires to exist (an earlier documented step writes them), made empty in
+    the current directory."""
+    for param in cmd.params:
+        if not (isinstance(param.type, click.Path) and param.type.exists):
+            continue
+        for opt in set(param.opts) & set(args):
+            path = Path(args[args.index(opt) + 1])
+            if param.type.file_okay:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+
+
+def _parse(command: str) -> click.Context:
+    """click's parsing of one command line, then the checks its command runs before loading models."""
+    argv = shlex.split(command, comments=True)
+    assert argv[0] == "seed-tot"
+    name, args = argv[1], argv[2:]
+    cmd = main.get_command(click.Context(main), name)
+    assert cmd is not None, f"no command {name!r}"
+    _create_inputs(cmd, args)
+    ctx = cmd.make_context(name, args, parent=click.Context(main, info_name="seed-tot"))
+    p = ctx.params
+    if "policy_option" in p:
+        policy_kwargs(p["draft_policy"], p["policy_option"], p["head_dir"])
+    if name == "generate":
+        check_mode_options(ctx, [p["mode"]], _GENERATE_MODE_OPTIONS)
+    elif name == "solve":
+        check_mode_options(ctx, [p["mode"] or RunSettings().mode])
+    elif name == "bench":
+        check_mode_options(ctx, [s.mode for s in parse_modes(p["modes"], p["k_config"], p["n_workers"], None)])
+    return ctx
+
+
+@pytest.fixture(autouse=True)
+def _in_a_scratch_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where _create_inputs writes
+
+
+def test_the_docs_hold_commands_in_code_blocks():
+    assert len(_documented(_block_commands)) >= 15  # the extraction finds them (README alone has 14)
+
+
+@pytest.mark.parametrize("command", _documented(_block_commands))
+def test_documented_code_block_command_parses(command):
+    _parse(command)
+
+
+@pytest.mark.parametrize("command", _documented(_inline_commands))
+def test_documented_inline_command_parses_apart_from_arguments_prose_leaves_out(command):
+    try:
+        _parse(command)
+    except click.MissingParameter:  # prose may name a command without its required --output or TASK
+        pass
+
+
+def test_documented_policy_options_work_without_draft_policy():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    fragments = set(re.findall(r"`(--policy-option [^`]+)`", readme))
+    assert {"--policy-option lookup=0", "--policy-option cut=none"} <= fragments
+    for fragment in fragments:
+        for command in ("seed-tot generate", "seed-tot solve blocksworld --output runs/x"):
+            _parse(f"{command} {fragment}")
+
+
+def test_policy_options_without_a_policy_name_go_to_the_default_policy():
+    assert policy_kwargs(None, ("lookup=0",), None) == {"policy_options": {"lookup": "0"}}
+    assert policy_kwargs(None, (), None) == {}
+
+
+class _RecordingEngine(ScriptedEngine):
+    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
+        self.options = engine_options
+        return super().generate(prompts, params, mode, k_config, n_workers, verify_batch)
+
+
+def test_a_solves_policy_options_reach_the_engine_without_a_policy_name():
+    engine = _RecordingEngine(lambda user, copy: "a thought")
+    caller = LLMCaller(engine, DecodingSettings(policy_options={"cut": "none"}))
+    caller.complete([Prompt("q")], "thought")
+    assert engine.options["policy_options"] == {"cut": "none"} and engine.options["draft_policy"] is None

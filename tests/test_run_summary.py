@@ -1,0 +1,69 @@
+"""solve ends with a few lines for a person (JSON only with --json, always in summary.json), and
+score says what it counted."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from scripted_engine import ScriptedEngine
+
+import seed_tot.cli
+from seed_tot.cli import main
+from seed_tot.search.solve import describe_summary
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SUMMARY = {"task": "gsm8k", "n": 4, "accuracy": 0.75, "mean_wall_s": 2.5, "tokens_per_s": 12.25, "mode": "seed",
+           "acceptance_rate": 0.4321}
+
+
+def test_the_summary_names_task_problems_result_speed_acceptance_and_files(tmp_path):
+    text = describe_summary(SUMMARY, tmp_path, wall_s=10.04)
+    assert text.splitlines()[0] == "gsm8k: 4 problems, accuracy 0.750 (3/4)"
+    assert "wall 10.0 s" in text and "12.2 tokens/s" in text and "acceptance 0.432" in text
+    assert f"results {tmp_path / 'results.jsonl'}" in text and f"summary {tmp_path / 'summary.json'}" in text
+    assert "tree" not in text
+    (tmp_path / "tree.html").write_text("<html></html>")
+    assert f"tree {tmp_path / 'tree.html'}" in describe_summary(SUMMARY, tmp_path)
+
+
+def test_a_mode_without_a_draft_reports_no_acceptance(tmp_path):
+    assert "acceptance" not in describe_summary({**SUMMARY, "mode": "ar"}, tmp_path)
+
+
+@pytest.fixture
+def scripted_models(monkeypatch):
+    monkeypatch.setattr(seed_tot.cli, "load_engine", lambda *a, **k: ScriptedEngine(lambda user, copy: "7"))
+
+
+def _solve(out: Path, *extra: str) -> str:
+    result = CliRunner().invoke(main, ["solve", "gsm8k", "--data", str(FIXTURES / "gsm8k_small.jsonl"), "--limit", "2",
+                                       "--output", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_solve_ends_with_lines_for_a_person_and_keeps_the_json_in_summary_json(tmp_path, scripted_models):
+    out = _solve(tmp_path / "run")
+    assert out.startswith("gsm8k: 2 problems, accuracy ") and len(out.splitlines()) == 3
+    assert str(tmp_path / "run" / "results.jsonl") in out and "{" not in out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["n"] == 2
+
+
+def test_solve_json_prints_the_summary_numbers(tmp_path, scripted_models):
+    out = json.loads(_solve(tmp_path / "run", "--json"))
+    assert out["n"] == 2 and "settings" not in out
+
+
+def test_score_says_the_records_without_a_prediction_are_not_counted(tmp_path):
+    data = FIXTURES / "gsm8k_small.jsonl"
+    first = json.loads(data.read_text().splitlines()[0])
+    preds = tmp_path / "p.jsonl"
+    preds.write_text(json.dumps({"id": "0", "prediction": first["answer"].split("####")[-1].strip()}) + "\n")
+    result = CliRunner().invoke(main, ["score", "gsm8k", "--data", str(data), "--predictions", str(preds)])
+    assert result.exit_code == 0, result.output
+    total = len(data.read_text().splitlines())
+    assert result.stdout.splitlines() == [
+        "gsm8k: 1 prediction scored: correct 1, accuracy 1.000",
+        f"{total - 1} of the {total} records in the data have no prediction (not counted above)"]
