@@ -24,10 +24,11 @@ def test_missing_local_directory_says_no_such_directory(name: str):
     assert f"model directory {name}: no such directory" in fails("generate", "Hi", "--target", name, "--mode", "ar")
 
 
-def test_hub_id_shaped_name_is_left_to_the_hub():
-    from seed_tot.engine.models import model_source
+def test_hub_id_shaped_name_is_left_to_the_hub(monkeypatch):
+    from seed_tot.engine import models
 
-    assert model_source("Qwen/Qwen2-0.5B-Instruct") == ("Qwen/Qwen2-0.5B-Instruct", {})
+    monkeypatch.setattr(models, "_hub_unreachable", lambda endpoint: None)  # a machine that reaches the Hub
+    assert models.model_source("Qwen/Qwen2-0.5B-Instruct") == ("Qwen/Qwen2-0.5B-Instruct", {})
 
 
 def test_empty_directory_says_no_model_files(tmp_path: Path):
