@@ -75,8 +75,8 @@ HUB_PROBE_TIMEOUT_S = 5.0
 
 def hub_kwargs(repo_id: str) -> dict:
     """from_pretrained keywords for a Hub id, decided before transformers tries the network: where
-    the Hub cannot be reached, huggingface_hub retries each file for 25-50 s (every retry warned
-    twice) before transformers' error. Unreachable: the cached copy (local_files_only), or a
+    the Hub cannot be reached, huggingface_hub retries each file with growing waits (every retry
+    warned twice) before transformers' error. Unreachable: the cached copy (local_files_only), or a
     one-line ConnectionError when there is none. HF_HUB_OFFLINE=1 already means the cache only."""
     from huggingface_hub import constants, try_to_load_from_cache
 
