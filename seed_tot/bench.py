@@ -194,23 +194,26 @@ class ModeReport:
 
 
 def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
-                warmup: int = 1) -> list[ModeReport]:
-    """Warm every mode up, then time `repeats` rounds of every mode once each.
+                warmup: int = 1, on_run=None) -> list[ModeReport]:
+    """Time `repeats` rounds of every mode once each, each mode warmed up just before its first
+    timed run; `on_run(reports, report, round)` after every timed run.
 
     Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
-    last would otherwise carry the drift into every ratio (seen here: ~30% within a session)."""
+    last would otherwise carry the drift into every ratio (seen here: ~30% within a session).
+    Warm-ups inside the first round rather than all first: a run cut short (a device call's time
+    limit) has then timed every mode it warmed up, and on_run has reported it."""
     import torch
 
     device = engine.target.device
     reports = [ModeReport(spec) for spec in specs]
-    for spec in specs:
-        click.echo(f"{spec.label}: {warmup} warm-up run(s)", err=True)
-        for _ in range(warmup):
-            _run_once(engine, workload, spec, 0)  # warm-up: kernels, allocator, caches; not timed
     timed = [recorder.wrap(engine, label=spec.label) if recorder else engine for spec in specs]
     for i in range(1, repeats + 1):
         click.echo(f"round {i} of {repeats}: {', '.join(spec.label for spec in specs)}", err=True)
         for report, eng in zip(reports, timed):
+            if i == 1:
+                click.echo(f"{report.spec.label}: {warmup} warm-up run(s)", err=True)
+                for _ in range(warmup):
+                    _run_once(engine, workload, report.spec, 0)  # warm-up: kernels, allocator, caches; not timed
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             with (recorder.section(f"{report.spec.label} run {i}") if recorder else contextlib.nullcontext()):
@@ -219,7 +222,38 @@ def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int,
                 report.peak_memory_mib = max(report.peak_memory_mib, torch.cuda.max_memory_allocated(device) / 2**20)
             else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
                 report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if on_run:
+                on_run(reports, report, i)
     return reports
+
+
+class RowStream:
+    """Each mode's row as soon as it has run (medians so far): printed, appended to --jsonl and
+    rewritten into --json, so that a run cut short keeps every figure it measured."""
+
+    def __init__(self, header: dict, summary_args: tuple, json_file: str | None, jsonl_file: str | None):
+        self.header, self.summary_args = header, summary_args  # summarize_reports' (greedy, synthetic, tot, problems)
+        self.json_file, self.jsonl_file = json_file, jsonl_file
+
+    def __call__(self, reports: list[ModeReport], report: ModeReport, index: int) -> None:
+        rows = summarize_reports([r for r in reports if r.runs], *self.summary_args)
+        row = next(r for r in rows if r["label"] == report.spec.label)
+        greedy, synthetic, tot = self.summary_args[:3]
+        table = format_table([row], greedy, tot, synthetic, self.header["environment"]["dtype"]).splitlines()
+        click.echo(f"{self.header['workload']}: {row['label']} after run {index} of {self.header['repeats']}")
+        click.echo("\n".join(table[:3]))  # header, rule, this mode's line (footnotes come with the final table)
+        if self.jsonl_file:
+            line = {k: self.header[k] for k in ("kind", "workload", "target", "draft", "temperature", "repeats")}
+            line.update(device=self.header["environment"]["device_name"], round=index, **row)
+            with Path(self.jsonl_file).open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line) + "\n")
+        if self.json_file:
+            self.write(rows, partial=True)
+
+    def write(self, rows: list[dict], partial: bool = False) -> None:
+        """The --json document: the run's settings and environment, and every row (so far, if partial)."""
+        out = {**self.header, **({"partial": True} if partial else {}), "modes": rows}
+        Path(self.json_file).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 
 def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict | None, tot: bool,
@@ -367,6 +401,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Untimed runs per mode first (0 for slow CPU runs of big models).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (and the synthetic models').")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None, help="Write every number here.")
+@click.option("--jsonl", "jsonl_file", type=click.Path(dir_okay=False), default=None,
+              help="Append each mode's row here (one JSON line) as soon as that mode has run.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Write trace.json, gpu.csv and utilization.png (one panel per mode) here.")
 @click.option("--synthetic", metavar="PRESET", callback=one_of_later("seed_tot.engine.synthetic", "PRESETS"), default=None,
@@ -376,7 +412,7 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
-          synthetic, alpha):
+          synthetic, alpha, jsonl_file):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
     ctx = click.get_current_context()
@@ -414,24 +450,33 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
                                     seed=seed)
             make = tot_step_workload if workload == "tot-step" else thoughts_workload
             run, description = make(engine, data, params)
+        header = _header(engine, synth, workload, description, temperature, repeats, warmup)
+        stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
-            reports = bench_modes(engine, run, specs, repeats, recorder, warmup)
+            reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream)
         finally:
             if recorder:
                 recorder.finish()
                 click.echo(recorder.written(), err=True)
     rows = summarize_reports(reports, greedy, synth, tot, limit if tot else None)
-    env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
-    title = (f"{'SYNTHETIC ' if synthetic else ''}bench {workload}: {description}; "
-             f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after {warmup} warm-up")
+    env, title = header["environment"], header["title"]
     click.echo(title)
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
                f"torch {env['torch']} | {env['date']}")
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if json_file:
-        out = {"kind": "SYNTHETIC" if synthetic else "real", "synthetic": synth, "title": title,
-               "workload": workload, "workload_description": description, "target": engine.target_name,
-               "draft": engine.draft_name, "temperature": temperature, "greedy": greedy, "repeats": repeats,
-               "environment": env, "modes": rows}
-        Path(json_file).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        stream.write(rows)
         click.echo(f"results written to {json_file}", err=True)
+
+
+def _header(engine, synth: dict | None, workload: str, description: str, temperature: float, repeats: int,
+            warmup: int) -> dict:
+    """What the --json document says besides the rows: the run's settings, title and environment."""
+    env = _environment(engine, str(engine.target.dtype).removeprefix("torch."))
+    greedy = temperature == 0
+    title = (f"{'SYNTHETIC ' if synth else ''}bench {workload}: {description}; "
+             f"temperature {temperature:g}{' (greedy)' if greedy else ''}; {repeats} timed run(s) after {warmup} warm-up")
+    return {"kind": "SYNTHETIC" if synth else "real", "synthetic": synth, "title": title,
+            "workload": workload, "workload_description": description, "target": engine.target_name,
+            "draft": engine.draft_name, "temperature": temperature, "greedy": greedy, "repeats": repeats,
+            "environment": env}

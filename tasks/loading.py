@@ -1,7 +1,8 @@
-"""Load task data through `datasets`: a Hub dataset, or a local JSONL / text file.
+"""Load task data: a Hub dataset (through `datasets`), or a local JSONL / text file (read here).
 
-Local files are checked line by line first, so a malformed line is reported with its file and
-line number instead of as an Arrow traceback, and then loaded with `datasets` like a Hub split.
+Local files are read line by line, so a malformed line is reported with its file and line number,
+and without `datasets`: an offline machine (a GPU image) may not have it installed. A JSONL file's
+records all get the union of its fields, a missing one as None, as a `datasets` split gives them.
 """
 from __future__ import annotations
 
@@ -33,13 +34,16 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
     the whole source, before `offset`/`limit`): two records with one id are a DataError naming
     both lines, since a search would solve only one of them and a rescore would mix them up.
     """
-    import datasets
-
     check_window(limit, offset)
     if path is None:
         if hub is None:
             raise DataError("this task has no Hub dataset: pass --data PATH")
         name, config, split = hub
+        try:  # imported here only: local files load without it
+            import datasets
+        except ImportError as err:
+            raise DataError(f"loading the Hub dataset {name} needs the `datasets` package ({err}); "
+                            f"pass a local file with --data PATH") from err
         try:
             ds = datasets.load_dataset(name, config, split=split)
         except Exception as err:  # the Hub is unreachable or the name is wrong: say which and how to go on
@@ -53,16 +57,16 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
             raise DataError(f"data file {path} does not exist")
         if text_field is not None:
             lines = _check_text(file, text_field)
-            ds = datasets.load_dataset("text", data_files=str(file), split="train")
-            records = [{text_field: r["text"].strip()} for r in ds if r["text"].strip()]
+            text = file.read_text(encoding="utf-8").splitlines()
+            records = [{text_field: text[n - 1].strip()} for n in lines]
         else:
             rows = read_jsonl(file, required)
             if not rows:
                 raise DataError(f"{file}: no records (the file is empty or blank); expected one JSON object "
                                 f"per line" + (f" with {', '.join(required)}" if required else ""))
             lines = [lineno for lineno, _ in rows]
-            ds = datasets.load_dataset("json", data_files=str(file), split="train")
-            records = [dict(r) for r in ds]
+            fields = list(dict.fromkeys(key for _, record in rows for key in record))
+            records = [{key: record.get(key) for key in fields} for _, record in rows]
         where = [f"{file}:{n}" for n in lines]
     for i, record in enumerate(records):
         if record.get("id") is None:

@@ -1,0 +1,38 @@
+"""benchmarks/gpu.sh --smoke: the GPU benchmark's steps, on the tiny preset on the CPU, without
+`datasets` installed, report a row for every mode of every step as that mode finishes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEED_MODES = ["ar", "parallel", "seed", "sd", "seed@db1@vb1"]
+STEPS = {"thoughts": SPEED_MODES, "tot-step": SPEED_MODES,
+         "tot-gsm8k": ["parallel", "seed", "parallel@c4", "seed@c4"]}
+
+
+def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_datasets(tmp_path):
+    # a `datasets` that cannot be imported, as on the GPU image: the local GSM8K JSONL must load without it
+    blocked = tmp_path / "no-datasets" / "datasets"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('datasets is not installed on this image')\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(blocked.parent), os.environ.get("PYTHONPATH")) if p),
+           # no time cap here: a loaded CI machine must not turn a slow step into missing rows
+           "CAP_S": "1500"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for workload, labels in STEPS.items():
+        for label in labels:
+            assert f"{workload}: {label} after run 1 of 1" in proc.stdout  # printed as soon as it ran
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(r["workload"], r["label"]) for r in rows] == [(w, m) for w, labels in STEPS.items() for m in labels]
+    # greedy: every mode reproduces the reference's tokens (thoughts, tot-step) or predictions (tot-gsm8k)
+    assert all(r["matches_ar"] for r in rows), [(r["workload"], r["label"]) for r in rows if not r["matches_ar"]]
+    for workload in STEPS:  # each step's whole JSON document too, not only the streamed rows
+        assert [m["label"] for m in json.loads((out / f"{workload}.json").read_text())["modes"]] == STEPS[workload]
