@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from .samples import DATA_FILE
+
 log = logging.getLogger(__name__)
-DATA_FILE = "data.safetensors"
 DEFAULT_VOCAB = 8192
 
 
@@ -96,10 +97,10 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     from seed_tot.engine.drafters.draft_vocab import coverage, frequent_tokens
     from seed_tot.tasks.loading import load_records
 
-    from .drafter_data import attach_target_hidden, generate_samples, pack, task_prompts, unpack
+    from .drafter_data import (attach_target_hidden, generate_samples, pack, records_tokens, special_ids, task_prompts,
+                               unpack)
     from .drafter_train import heldout_tau, train_drafter
     from .soft_labels import target_soft_labels
-    from .vocab_cli import records_tokens, special_ids
 
     out = Path(out_dir)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -137,7 +138,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         # (drafter_train._scored). First every token the target wrote here (exactly what a drafter has to
         # propose), then, up to the size, the most frequent tokens of the train side's prompts and
         # solutions (--vocab-examples records): the responses alone hold too few distinct tokens
-        # (1,454 in 64k tokens on the embedded default) for a test question's names and words
+        # for a test question's names and words (docs/benchmarks.md)
         responses = [s.tokens[s.start:] for s in samples]
         ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
         source = "the target's responses in the training data"

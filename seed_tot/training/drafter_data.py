@@ -21,7 +21,7 @@ import torch
 from seed_tot.search.protocol import Example, State
 from seed_tot.tasks.gsm8k import solution_steps
 
-from .drafter_train import Sample
+from .samples import Sample
 
 TASKS = ("gsm8k", "gsm8k_value", "blocksworld", "creative_writing")
 _SENTENCE = re.compile(r"[^.?!]+[.?!]")
@@ -75,6 +75,21 @@ def task_prompts(engine, records: list[dict], tasks=TASKS, seed: int = 0) -> lis
         prompts += [engine.render_prompt(p.user, p.assistant_prefix) for p in calls]
     rng.shuffle(prompts)
     return prompts
+
+
+def records_tokens(engine, records: list[dict], tasks) -> list[list[int]]:
+    """Token lists of the rendered task prompts of `records` and of their answers where they have one
+    (what a draft vocabulary counts when the target's own responses are too few)."""
+    texts = task_prompts(engine, records, tasks) + [str(r["answer"]) for r in records if r.get("answer")]
+    return engine.encode(texts)
+
+
+def special_ids(tokenizer) -> list[int]:
+    """The tokens a draft vocabulary always keeps, however rare: EOS must stay draftable."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
 
 
 def generate_samples(engine, prompts: list[list[int]], params, batch: int = 16, context: int = 256,

@@ -28,18 +28,10 @@ from seed_tot.engine.kv_cache import layout_of
 from seed_tot.engine.masks import build_attention_mask, tree_visibility
 
 from . import checkpoints
+from .samples import Sample
 
 IGNORE = -100
 WINDOW_FILE = "train_window.json"  # the last logged window's counters, beside checkpoint.pt
-
-
-@dataclass
-class Sample:
-    """One training sequence: prompt + the target's response; labels start at `start` (the response)."""
-
-    tokens: list[int]
-    start: int
-    hidden: torch.Tensor | None = None  # the target's final hidden states [len(tokens), size], for a drafter that reads them
 
 
 @dataclass

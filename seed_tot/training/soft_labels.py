@@ -3,14 +3,14 @@
 A drafter trained on the target's greedy tokens (hard labels) learns to put nearly all of q on one
 token. When the target samples at temperature T, the verifier accepts a drafted x with probability
 min(1, p(x) / q(x)), so a round's first token is accepted with probability sum_x min(p(x), q(x)):
-small when p is broad and q is peaked. Measured on the embedded default (session 10): the shipped
-drafter is accepted 28% of the time greedy but 4-9% at T=1. Trained on p itself (cross-entropy
-against p = KL(p || q) + p's entropy), q spreads the way p does.
+small when p is broad and q is peaked, which is why the shipped greedy-trained drafter is accepted
+far less often at T=1 than greedy (docs/benchmarks.md). Trained on p itself (cross-entropy against
+p = KL(p || q) + p's entropy), q spreads the way p does.
 
 p is the distribution the engine samples from at that temperature: softmax(logits / T) over the
 target's logits at each response position (engine/sampling.py processes the same way; top-k and
 top-p are not applied here). Each position keeps p's `top_k` most likely tokens, renormalized,
-so the labels of 64k training tokens take a few MB instead of 64k x 49k floats.
+so the labels take top_k numbers per training token instead of a whole vocabulary's.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafter_train import Sample
+from .samples import Sample
 
 DEFAULT_TOP_K = 32
 

@@ -16,21 +16,6 @@ import click
 DEFAULT_SIZE = 8192
 
 
-def records_tokens(engine, records: list[dict], tasks) -> list[list[int]]:
-    """Token lists of the rendered task prompts of `records` and of their answers where they have one."""
-    from .drafter_data import task_prompts
-
-    texts = task_prompts(engine, records, tasks) + [str(r["answer"]) for r in records if r.get("answer")]
-    return engine.encode(texts)
-
-
-def special_ids(tokenizer) -> list[int]:
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
-
-
 @click.command("drafter-vocab")
 @click.option("--drafter", "drafter_dir", type=click.Path(exists=True, file_okay=False), required=True,
               help="A directory from `seed-tot train-drafter` (the vocabulary is written into it).")
@@ -53,8 +38,8 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
     from seed_tot.engine.drafters.storage import CONFIG, read_config
     from seed_tot.tasks.loading import load_records
 
-    from .drafter_cli import DATA_FILE
-    from .drafter_data import unpack
+    from .drafter_data import records_tokens, special_ids, unpack
+    from .samples import DATA_FILE
 
     root = Path(drafter_dir)
     config = read_config(root)

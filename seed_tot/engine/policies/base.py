@@ -101,7 +101,7 @@ class DraftPolicy:
     @classmethod
     def may_draft_trees(cls, engine, k_config: tuple[int, ...], options: dict) -> bool:
         """`drafts_trees` of the policy `from_options` would build from these options, read without
-        building it: building may calibrate costs (auto.py), and calibrating runs forwards."""
+        building it: building may calibrate costs (engine/cost_model.py), and calibrating runs forwards."""
         return cls.drafts_trees
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:

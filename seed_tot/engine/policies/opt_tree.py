@@ -56,9 +56,9 @@ class OptTreePolicy(DraftPolicy):
 
     @classmethod
     def from_options(cls, engine, k_config, params, n=8, delta=0.2, max_depth=8, temperature=None) -> "OptTreePolicy":
-        """n and delta may be "auto": derived from this hardware's calibrated forward costs (auto.py)."""
+        """n and delta may be "auto": derived from this hardware's calibrated forward costs (engine/cost_model.py)."""
         if "auto" in (n, delta):
-            from .auto import derive_opt_tree_options, load_costs
+            from ..cost_model import derive_opt_tree_options, load_costs
             derived = derive_opt_tree_options(load_costs(engine))
             n = derived["n"] if n == "auto" else n
             delta = derived["delta"] if delta == "auto" else delta

@@ -32,7 +32,7 @@ Option cut=cost (the default a drafter.json may name as "cut"): the forward has 
 q_t, so the round keeps only the levels that pay for their verification. With p̂ = the product of
 the drafter's probabilities along a node's path (OPT-Tree's estimate of its acceptance; greedy: the
 drafter's plain softmax, sampled: the q it was drawn from) and the calibrated target cost of
-auto.py (`load_costs`), the round keeps levels 1..d for the d that maximizes
+engine/cost_model.py (`load_costs`), the round keeps levels 1..d for the d that maximizes
     E(d) / time(d),   E(d) = 1 + sum of p̂ over nodes at depth <= d,   time(d) = t_draft + t_target(nodes(d) + 1)
 so a guess the drafter is unsure of is neither verified nor counted. Which levels are kept depends
 only on the draft's own outputs (a stopping rule on the draft side, as in SpecDec++), so the round
@@ -69,7 +69,7 @@ import torch
 
 from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
-from .auto import Costs, load_costs
+from ..cost_model import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 

@@ -1,0 +1,209 @@
+"""Forward costs on the running hardware: what the cost-aware policies (auto, parallelspec's cut,
+opt-tree's derived settings) weigh a drafted token against.
+
+A short calibration (`calibrate`) times target forwards at 1, 2, 3, 4, 6, 8, 12 ... 64 query tokens
+after a 64-token prefix, and batched draft steps at 1 ... 32 tokens; `Costs` reads between the
+measured sizes piecewise-linearly. Piecewise, not a + b * tokens: on a CPU a forward is nearly flat
+for the first few tokens and then grows, so a straight line through 1 and 64 tokens overstates short
+chains and a policy drafts fewer tokens than pay (docs/benchmarks.md, "Figures behind the code's
+design choices", has the table that showed it).
+
+Costs are cached per target/draft architecture and shapes, dtype, device and machine (`cache_key`)
+in $SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json, so a machine calibrates once.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+# up to 64: a batched verification carries rows x (draft length + 1) tokens
+CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds. One target forward of n query tokens costs, where `target_points` holds measured
+    (tokens, seconds) pairs, their piecewise-linear interpolation (the last segment's slope past the
+    end); otherwise target_fixed_s + target_per_token_s * n. One draft step of one row costs
+    draft_step_s; a batched draft step of n tokens (rows x fed entries) `draft(n)`, read from
+    `draft_points` the same way (flat at draft_step_s without them).
+
+    A forward's cost is keyed by its query tokens, not by how they split into rows: the weights'
+    matmuls see rows x tokens as one dimension, and the attention over a few hundred cached entries
+    is small beside them (docs/benchmarks.md, "Figures behind the code's design choices")."""
+
+    target_fixed_s: float
+    target_per_token_s: float
+    draft_step_s: float
+    target_points: tuple[tuple[int, float], ...] = ()
+    draft_points: tuple[tuple[int, float], ...] = ()
+
+    def target(self, tokens: int) -> float:
+        if len(self.target_points) < 2:
+            return self.target_fixed_s + self.target_per_token_s * tokens
+        return _piecewise(self.target_points, tokens)
+
+    def draft(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return _piecewise(self.draft_points, tokens) if len(self.draft_points) >= 2 else self.draft_step_s
+
+    def extra_token(self, tokens: int) -> float:
+        """What verifying tokens + 1 instead of `tokens` adds."""
+        return self.target(tokens + 1) - self.target(tokens)
+
+
+def _piecewise(points: tuple[tuple[int, float], ...], tokens: int) -> float:
+    # the segment whose right end is the first measured size >= tokens (the end segments extrapolate)
+    i = min(max(bisect.bisect_left([n for n, _ in points], tokens), 1), len(points) - 1)
+    (n0, t0), (n1, t1) = points[i - 1], points[i]
+    return max(t0 + (t1 - t0) * (tokens - n0) / (n1 - n0), 0.0)
+
+
+def derive_opt_tree_options(costs: Costs) -> dict:
+    """OPT-Tree settings from measured costs: delta = t_draft / t_target (the paper's lower end of
+    [t_draft/t_target, 1]); n = the widest tree whose verification costs at most 25% more than one token's."""
+    delta = min(1.0, max(0.01, costs.draft_step_s / costs.target(1)))
+    n = 2
+    while n < 64 and costs.target(2 * n + 1) <= 1.25 * costs.target(1):
+        n *= 2
+    return {"n": n, "delta": delta}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("SEED_TOT_CACHE_DIR") or Path.home() / ".cache" / "seed-tot"
+    return Path(root) / "calibration.json"
+
+
+# config entries that name a model or restate what the key holds otherwise (class, parameter dtypes), and
+# that differ between a model built in code and the same model saved and loaded: neither splits its costs
+_NAME_KEYS = ("_name_or_path", "name_or_path", "_commit_hash", "architectures", "dtype", "torch_dtype")
+
+
+def _model_signature(model) -> dict:
+    """What a model's forward cost depends on: its class, config and parameter shapes and dtypes.
+    The weights' values do not matter, so a noisy copy or a fine-tune of a model shares its costs.
+    Not the attention implementation (to_dict leaves it out): the engine may install its own on a
+    model in use, and the key must not change under a model between two calls."""
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    settings = {k: v for k, v in settings.items() if k not in _NAME_KEYS}
+    params = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+    first = next(model.parameters(), None)
+    return {"class": type(model).__name__, "config": settings, "params": params,
+            "device": str(first.device) if first is not None else "cpu"}
+
+
+def _machine(device: torch.device) -> str:
+    """The hardware and threads a forward runs on (a cache directory may be shared between machines)."""
+    where = f"{platform.node()}/{platform.machine()}/{os.cpu_count()}cpus/{torch.get_num_threads()}threads"
+    if device.type == "cuda":
+        where += f"/{torch.cuda.get_device_name(device)}"
+    return where
+
+
+def cache_key(engine) -> str:
+    """The calibration cache's key for `engine`: what determines its forward costs (each model's
+    architecture and shapes, dtype and device, and the machine), never the names the engine was given,
+    which `Engine(model, draft)` sets to "target"/"draft" for every pair. Readable in front, exact in
+    the digest: different models never share an entry, and the same model always does."""
+    target, draft = engine.target, engine.draft
+    signature = json.dumps([_model_signature(target), _model_signature(draft) if draft is not None else None],
+                           sort_keys=True, default=str)
+    digest = hashlib.sha256(signature.encode("utf-8")).hexdigest()[:24]
+    names = f"{type(target).__name__}+{type(draft).__name__ if draft is not None else '-'}"
+    return f"{names}|{target.device}|{target.dtype}|{_machine(target.device)}|{digest}"
+
+
+def calibration_plan(engine, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
+                     draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> tuple[int, tuple, tuple]:
+    """The prefix length and the target and draft query sizes to time, within the models' limits: a
+    model with learned positions (GPT-2, OPT) has none past its table, so there the prefix shrinks to
+    half of it and the sizes that would not fit after it are left out (`Costs` extrapolates past them)."""
+    from .kv_cache import layout_of
+
+    limits = [layout_of(m).max_positions for m in (engine.target, engine.draft) if m is not None]
+    limit = min((n for n in limits if n is not None), default=None)
+    if limit is not None:
+        if limit < 2:
+            raise ValueError(f"a model with learned position embeddings for {limit} position(s) leaves no room "
+                             f"to calibrate forward costs")
+        context = min(context, limit // 2)
+    room = float("inf") if limit is None else limit - context
+    return (context, tuple(n for n in sorted(set(sizes) | {1}) if n <= room),
+            tuple(n for n in sorted(set(draft_sizes) | {1}) if n <= room))
+
+
+@torch.inference_mode()
+def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
+              draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> Costs:
+    """Time target forwards of each of `sizes` tokens and draft forwards of each of `draft_sizes`
+    after a `context`-token prefix (the best of `repeats`, after a warm-up), within the models'
+    position limits (`calibration_plan`)."""
+    from .kv_cache import KVCache
+    from .speculative import prefill
+
+    context, sizes, draft_sizes = calibration_plan(engine, context, sizes, draft_sizes)
+    prompt = [i % engine.vocab_size for i in range(1, context + 1)]
+
+    def timed(model, n_new: int) -> float:
+        kv = KVCache()
+        prefill(model, kv, prompt)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            kv.forward(model, prompt[:n_new], [i - 1 for i in range(n_new)])
+            best = min(best, time.perf_counter() - start)
+            kv.commit([])
+        return best
+
+    points = tuple((n, timed(engine.target, n)) for n in sizes)
+    draft_points = tuple((n, timed(engine.draft, n)) for n in draft_sizes)
+    (n0, one), (n1, many) = points[0], points[-1]
+    per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
+    return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
+
+
+def _current(entry: dict, largest: int) -> bool:
+    """Whether this version measured the entry up to `largest` target tokens (the most this engine's
+    models hold, `calibration_plan`): older ones hold a line only, or single-row sizes up to 16 tokens
+    and no batched draft steps. Those are measured again."""
+    sizes = [n for n, _ in entry.get("target_points", ())]
+    return "draft_points" in entry and max(sizes, default=0) >= largest
+
+
+def load_costs(engine, recalibrate: bool = False) -> Costs:
+    """This engine's costs from the cache, measured (and cached) when missing. Entries under keys of
+    other versions (display names, before `cache_key`) are left in the file and never read."""
+    path, key = cache_path(), cache_key(engine)
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        cached = {}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable calibration cache ({err}); delete it to recalibrate") from None
+    if not isinstance(cached, dict):
+        raise ValueError(f"{path}: unreadable calibration cache (not a JSON object); delete it to recalibrate")
+    entry = cached.get(key, {})
+    if _current(entry, calibration_plan(engine)[1][-1]) and not recalibrate:
+        return Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
+                                    for k in ("target_points", "draft_points")}})
+    costs = calibrate(engine)
+    log.info("calibrated %s: %s", key, costs)
+    cached[key] = asdict(costs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cached, indent=2) + "\n", encoding="utf-8")
+    return costs
