@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, load_engine,
-                                  model_options, parse_batch, parse_k_config, policy_kwargs, policy_options)
+                                  model_options, parse_batch, parse_k_config, pipeline_options, policy_kwargs,
+                                  policy_options)
 from seed_tot.engine.params import DRAFTING_MODES, MODES
 from seed_tot.engine.pipeline import PIPELINE_MODES
-from seed_tot.engine.pipeline.api import pipeline_options, run_cli as run_pipeline_cli
 from seed_tot.view.command import view_command, write_run_page
 
 log = logging.getLogger("seed_tot")
@@ -87,7 +87,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     if mode in PIPELINE_MODES:  # PipeDec and its baselines: N + 1 processes on torch.distributed
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=["ar" if mode == "pp" else "sd"])
         rendered = text if raw else engine.render_prompt(text)
-        return run_pipeline_cli(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
+        return _run_pipeline(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
     policy = policy_kwargs(draft_policy, policy_option, head_dir)
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
@@ -111,6 +111,26 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
                    f"target forwards {total.target_forwards:.0f} (+{total.target_prefills:.0f} prefill)  "
                    f"draft forwards {total.draft_forwards:.0f}  verifications {total.verifications}  "
                    f"target busy {total.target_busy_fraction:.0%}")
+
+
+def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, options: dict) -> None:
+    """`generate --mode pipedec|pp|stpp`: run the pipeline and print each result and its tick counters."""
+    from seed_tot.engine.pipeline.api import generate_pipelined
+
+    outputs = generate_pipelined(engine, prompts, params, mode, stages=options["stages"], width=options["width"],
+                                 children=options["children"], k_config=k_config, processes=not options["simulate"],
+                                 port=options["port"], timeout_s=options["pipeline_timeout"], join=options["join"])
+    for i, out in enumerate(outputs):
+        r = out.result
+        if as_json:
+            click.echo(json.dumps({"index": i, "text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                                   "pipeline": out.stats.to_dict()}))
+        else:
+            click.echo(f"--- {i} ({r.finish_reason}, {len(r.token_ids)} tokens)\n{r.text}")
+            s = out.stats
+            click.echo(f"--- mode={mode} stages={options['stages']} ticks {s.ticks}  tokens {s.tokens}  "
+                       f"ticks/token {s.ticks_per_token:.2f}  hit rate {s.hit_rate:.3f}  "
+                       f"forwards per rank {s.stage_forwards}")
 
 
 @main.command()

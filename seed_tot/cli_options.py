@@ -67,6 +67,25 @@ def policy_options(fn):
     return fn
 
 
+def pipeline_options(fn):
+    """The `generate` options that only the pipeline modes read."""
+    for option in reversed([
+        click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="pipedec/pp/stpp: target pipeline stages (one process each, plus one for the draft)."),
+        click.option("--width", type=click.IntRange(min=1), default=4, show_default=True,
+                     help="pipedec: prediction-tree nodes per layer."),
+        click.option("--children", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="pipedec: children per node considered for the next layer."),
+        click.option("--port", type=int, default=None, help="pipedec/pp/stpp: rendezvous port (default: a free one)."),
+        click.option("--pipeline-timeout", type=float, default=600.0, show_default=True,
+                     help="pipedec/pp/stpp: seconds before a stuck pipeline is stopped."),
+        click.option("--join", is_flag=True, help="pipedec/pp/stpp: be one rank of a torchrun group instead of launching."),
+        click.option("--simulate", is_flag=True, help="pipedec/pp/stpp: run every stage in this process (lockstep)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
 def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
     """Engine.generate keywords from the policy flags ({} when none is given)."""
     from seed_tot.engine.policies import parse_policy_options
