@@ -2,8 +2,8 @@
 
 SEED keeps one logical draft worker per sequence (it drafts, pushes its tree into the VerifyQueue,
 waits for its verification, drafts again), but a forward that carries one row wastes the
-hardware: on the 2-core CPU a 9-row draft step of the 0.5B draft costs 2.6x one row, not 9x
-(issue 10's cost table), and on a GPU a small draft is launch-bound. So the workers that are ready
+hardware: a draft step over many rows costs far less than that many one-row steps, on a CPU
+(docs/benchmarks.md) and more so on a GPU, where a small draft is launch-bound. So the workers that are ready
 at the same time hand their rounds to one `DraftBatcher`, which runs every round's next feed in a
 single `forward_batch` (each row with its own tree and 4D mask) until all rounds are finished.
 

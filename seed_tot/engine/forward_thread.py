@@ -4,15 +4,10 @@ torch runs a forward's kernels on a libgomp (OpenMP) team that belongs to the ca
 team's workers spin between the thousands of small parallel regions of a decode step. libgomp counts
 the workers of every team in the process, idle ones included, and once they outnumber the CPUs it
 cuts that spinning to about 100 iterations ("throttled"), so every region pays a futex wake-up. So a
-second thread that has ever run a parallel region slows the first one down, even while it sleeps.
-Measured on the 2-core CPU:
-- SmolLM2-135M, 16 rows of ~620 tokens, one decode forward: 190 ms when one thread ran all forwards,
-  490 ms once a second thread had too; 550 ms per step inside a scheduler that prefilled on its loop
-  thread and decoded on its target thread.
-- The `thoughts` workload on the embedded default (3 runs each, one process per variant): ar 22.6 s
-  and sd 18.3 s when the models loaded on the main thread and the forwards ran on this thread; ar
-  17.4 s and sd 13.2 s once they loaded here too. Loading dequantizes and copies tensors in parallel
-  regions, which leaves the loading thread a team.
+second thread that has ever run a parallel region slows the first one down, even while it sleeps,
+and loading counts too: it dequantizes and copies tensors in parallel regions, which leaves the
+loading thread a team. On the 2-core CPU either one made a decode forward more than twice as slow
+(docs/benchmarks.md, "Figures behind the code's design choices").
 
 So an engine whose target is on the CPU owns one `ForwardThread`, and everything that runs torch
 work on its models goes through it: loading (`Engine.from_pretrained`, synthetic engines), prefill,

@@ -1,12 +1,12 @@
 """How many query rows a forward should carry, measured on the running hardware.
 
 A forward over n new entries runs every linear layer as an [n, d] x [d, d'] product, and what that
-costs for small n is up to the BLAS. On the 2-core AVX-512 CPU this project measures on (torch
-2.13, MKL 2024.2), 2 and 3 rows cost 2x and 3x one row (a matrix-vector pass per row: 9.7 ms for 3
-rows of Qwen2.5-1.5B's MLP projection) while 4 rows cost 1.8x (5.3 ms); a verification of a
-2-token draft paid three weight passes where four rows need under two. Issue 10's table, taken on
-another CPU, showed no such step, so nothing is assumed: once per model, `padded_rows` times one of
-the model's large products (`_probe_layer`) for 1..MAX_ROWS rows and maps each n to the cheapest m >= n.
+costs for small n is up to the BLAS. Some BLAS builds run a few rows as one matrix-vector pass per
+row and switch to a matrix-matrix kernel only at 4 or more, so 3 rows can cost more than 4 and a
+verification of a 2-token draft pays three weight passes where four padded rows need under two;
+other CPUs show no such step (docs/benchmarks.md, "Figures behind the code's design choices"). So
+nothing is assumed: once per model, `padded_rows` times one of the model's large products
+(`_probe_layer`) for 1..MAX_ROWS rows and maps each n to the cheapest m >= n.
 
 `KVCache.forward` and `forward_batch` then add m - n padding entries after the real ones and drop
 them before anything reads the cache, so no real entry ever attends to one: output is unchanged.

@@ -1,8 +1,8 @@
 """A drafter's own vocabulary: score only the frequent tokens in the draft's LM head (after FR-Spec).
 
-On the embedded SmolLM2-135M the shared LM head (49,152 x 576) is three quarters of a one-layer
-drafter's forward: 7 ms of 9 ms for one position on the 2-core CPU, where the same product over
-the 8,192 most frequent rows costs 0.35 ms. FR-Spec (Zhao et al. 2025) drafts from such a
+A small model's LM head is most of a one-layer drafter's forward (on the embedded SmolLM2-135M the
+shared head is 49,152 x 576; docs/benchmarks.md has its share), and a product over only the most
+frequent rows costs a fraction of it. FR-Spec (Zhao et al. 2025) drafts from such a
 frequency-ranked subset; the target still verifies over the whole vocabulary.
 
 Lossless as every other draft: `TrimmedHead` returns full-width logits with -inf outside the

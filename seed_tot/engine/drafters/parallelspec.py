@@ -23,10 +23,10 @@ With target_features=True (ParallelSpec over EAGLE, as the paper also builds it)
 entry also reads the target's final hidden state f_{p-1} (engine/target_features.py): its input is
 emb(x_p) + W norm(f_{p-1}), W a linear map (no bias) initialised to zero, so training starts from
 the plain drafter; it adds 0.33M parameters (1.3 MB) to a SmolLM2 drafter. norm() scales f to the
-RMS of the token embeddings: raw, f is 17x larger on SmolLM2, W f drowns the token's identity, and
-the masks, which read the real entries through attention, stopped learning (mask accuracy 0.10
-against 0.27 without features after 80 steps). MASK_j reads its anchor's f_{t-1}, the newest f
-there is (training loss 3.45 against 3.94 with zeros there, same 80 steps). Only the
+RMS of the token embeddings: raw, f is an order of magnitude larger than an embedding, W f drowns
+the token's identity, and the masks, which read the real entries through attention, stop learning.
+MASK_j reads its anchor's f_{t-1}, the newest f there is, which trains better than zeros there
+(docs/benchmarks.md, "Figures behind the code's design choices", has both comparisons). Only the
 `parallelspec` policy drafts with it: every entry it feeds is a real token whose f the target has
 computed, or a mask.
 

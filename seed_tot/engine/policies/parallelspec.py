@@ -48,11 +48,9 @@ its own draws, so its sample is the one `sd` gives for the same seed whatever sh
 Alone, a sampled row is priced as if `sampled_rows` rows like it shared the forward (option
 sampled_rows=R, default 8): a constant, so its tree still depends on nothing but its own draws, while
 its levels pay for the tokens they add to a loaded forward. Priced alone (R=1) on a CPU, whose forward
-costs the same up to a dozen tokens, every level looked free: at temperature 1 the embedded default
-verified 44 query tokens per forward for 6 rows and kept 8.9, the cut changed nothing. With R=8 it
-verified 30 and ran 1.09x the tokens/s of no cut (tot-gsm8k, 4 searches at once), 1.05x on
-Blocksworld (one at a time); R=4 gave 1.00x and 1.05x (session 21, docs/benchmarks.md). Greedy rows cut alone
-(sd; load=off) are priced as one row.
+costs about the same up to a dozen tokens, every level looks free and the cut changes nothing; the
+default R=8 is the measured best of 1, 4 and 8 (docs/benchmarks.md, "The cost cut becomes the default").
+Greedy rows cut alone (sd; load=off) are priced as one row.
 load=all cuts sampled rows jointly too (still exact in distribution: the cut reads only draft-side
 outputs, never the target's), load=off cuts every row alone (base.load_option).
 
@@ -74,7 +72,7 @@ from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, optio
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 
 CUTS = ("none", "cost")
-SAMPLED_ROWS = 8  # the load a sampled row cut alone is priced at (measured: module doc)
+SAMPLED_ROWS = 8  # the load a sampled row cut alone is priced at (why 8: module doc)
 
 
 def _default_depth(drafter) -> int:
@@ -252,7 +250,7 @@ class ParallelSpecRound(DraftRound):
         for d, level in enumerate(levels, 1):
             expected += sum(node[3] for node in level)
             nodes += len(level)
-            # a running max: a calibration's noise can make n+1 tokens look cheaper than n (CPU: 52 ms at 2, 50 at 3)
+            # a running max: a calibration's noise can make n+1 tokens look cheaper than n
             target_s = max(target_s, costs.target(rows * (nodes + 1)))
             rate = rows * expected / (draft_s + target_s)
             if rate > best_rate:  # ties keep the shallower draft

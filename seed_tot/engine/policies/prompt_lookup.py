@@ -3,11 +3,9 @@ time they occurred (Saxena 2023, "prompt lookup decoding"; transformers' `prompt
 vLLM's n-gram speculator). It costs no model forward.
 
 Why the ParallelSpec policy grafts it beside its drafter: a ToT step's thoughts copy the question's
-names, numbers and phrases, which a one-layer drafter over a draft vocabulary guesses badly. Measured
-on the first 20 GSM8K test thought prompts (greedy, the embedded SmolLM2 and its shipped drafter):
-the drafter's q_1 top token is the target's next token at 53% of positions; a 3-gram lookup matches
-at 69% of positions and is then right 60% of the time, and it is right at 18% of all positions
-where the drafter is wrong.
+names, numbers and phrases, which a one-layer drafter over a draft vocabulary guesses badly, while a
+lookup of the last few tokens finds them in the prompt and is often right exactly where the drafter
+is wrong (docs/benchmarks.md, "Prompt lookup beside the drafter").
 
 The guess is deterministic (picked, not drawn from a q), so the verifier takes it as a one-hot
 proposal (verify.py): exact for greedy and sampled rows alike.
