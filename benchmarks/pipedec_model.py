@@ -161,7 +161,7 @@ def gloo_hop_seconds(numel: int, repeats: int = 50) -> float:
     """One measured hop: a header plus `numel` floats to another gloo process (timed as a round trip whose reply is the header alone)."""
     import torch.multiprocessing as mp
 
-    from seed_tot.engine.pipeline.launch import free_port
+    from seed_tot.engine.pipeline.launcher import free_port
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     mp.start_processes(_hop_worker, args=(free_port(), numel, repeats, out), nprocs=2, start_method="spawn")

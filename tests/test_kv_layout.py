@@ -1,5 +1,6 @@
-"""The KV layout built for batches (issue 10): rows grow in place, a batched forward reads every row's
-storage where it lies, rows join and leave without touching the others, forks share their prefix.
+"""The KV layout built for batches: every row of a model lives in the model's preallocated pool, a
+batched forward writes in place and runs one attention call per layer for all rows, rows join and
+leave without touching the others, forks share their prefix slots, freed slots are reused.
 
 Every batched result is checked against the same rows forwarded one at a time (`KVCache.forward`).
 """
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import tiny_model
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.kv_pool import pool_of
 from seed_tot.engine.query_padding import set_padding
 from test_attention_types import build
 
@@ -24,13 +27,21 @@ def prefill(model, tokens: list[int]) -> KVCache:
     return kv
 
 
-def own_pointers(kv: KVCache) -> list[int]:
-    return [layer.own_keys.data_ptr() for layer in kv.cache.layers] + \
-        [layer.own_values.data_ptr() for layer in kv.cache.layers]
+def storage_pointers(model) -> list[int]:
+    pool = pool_of(model)
+    return [pool.keys[i].data_ptr() for i in sorted(pool.keys)] + [pool.values[i].data_ptr() for i in sorted(pool.values)]
 
 
-def own_snapshot(kv: KVCache) -> list[torch.Tensor]:
-    return [layer.own_keys[:, :, :layer.n_own].clone() for layer in kv.cache.layers]
+def snapshot(kv: KVCache) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The row's slots and its keys in every layer."""
+    return kv.cache.pool.slots_of(kv.cache.line), [layer.keys.clone() for layer in kv.cache.layers]
+
+
+def assert_untouched(kv: KVCache, before) -> None:
+    slots, keys = snapshot(kv)
+    assert torch.equal(slots, before[0])
+    for old, new in zip(before[1], keys):
+        assert torch.equal(old, new)
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +60,13 @@ def test_batched_rows_equal_single_rows_without_copying_history(arch):
     inputs = [TREE, CHAIN, ([30, 31], [-1, 0])]
     alone = [prefill(model, p).forward(model, t, par) for p, (t, par) in
              zip([long_prompt, short_prompt, long_prompt], inputs)]
-    owned = [r for r in rows if r.cache.layers[0].own_keys is not None]
-    pointers = [own_pointers(r) for r in owned]
+    pointers = storage_pointers(model)
     batched = forward_batch(model, rows, [t for t, _ in inputs], [p for _, p in inputs])
     for got, want in zip(batched, alone):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     in_place = arch != "falcon-mqa"
     assert model.config._attn_implementation.startswith("seed_tot+") == in_place
-    if in_place:  # capacity sufficed: every row's storage is the one it had, nothing was gathered
-        assert [own_pointers(r) for r in owned] == pointers
+    assert storage_pointers(model) == pointers  # capacity sufficed: written in place, nothing regrown
     # the next step, after a commit, still matches one-row-at-a-time
     for kv in rows:
         kv.commit([0])
@@ -83,14 +92,46 @@ def test_a_batched_forward_packs_rows_so_the_model_runs_only_real_entries(llama)
     assert [lg.shape[0] for lg in logits] == [4, 3, 1]
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the tensor ops dispatched while `counting` is set (here: inside the first decoder layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counting, self.ops = False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += self.counting
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-sliding", "gemma2"])
+def test_a_decoder_layer_runs_the_same_ops_for_two_rows_and_for_eight(arch):
+    """No loop over rows inside a layer: one write, one gather, one attention call whatever the batch."""
+    model = build(arch) if arch != "llama" else tiny_model("llama", seed=3)
+    layer = model.model.layers[0]
+    counts = []
+    for n_rows in (2, 8):
+        rows = [prefill(model, [(3 * i + r) % 90 + 1 for i in range(5 + r)]) for r in range(n_rows)]
+        counter = OpCounter()
+        hooks = [layer.register_forward_pre_hook(lambda *a: setattr(counter, "counting", True)),
+                 layer.register_forward_hook(lambda *a: setattr(counter, "counting", False))]
+        try:
+            with counter:
+                forward_batch(model, rows, [TREE[0]] * n_rows, [TREE[1]] * n_rows)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        counts.append(counter.ops)
+    assert counts[0] == counts[1] and counts[0] > 0
+
+
 def test_rows_join_and_leave_without_touching_the_others(llama):
     a, b, c = prefill(llama, [1, 2, 3, 4, 5]), prefill(llama, [6, 7]), prefill(llama, [8, 9, 10])
     forward_batch(llama, [a, b], [CHAIN[0], TREE[0]], [CHAIN[1], TREE[1]])
-    pointers, before, length = own_pointers(a), own_snapshot(a), a.length
+    before, length = snapshot(a), a.length
     forward_batch(llama, [b, c], [[50], [51, 52]], [[-1], [-1, 0]])  # a leaves, c joins
-    assert own_pointers(a) == pointers and a.length == length
-    for old, layer in zip(before, a.cache.layers):
-        assert torch.equal(old, layer.own_keys[:, :, :layer.n_own])
+    assert a.length == length
+    assert_untouched(a, before)
     logits = forward_batch(llama, [a, c], [[60], [61]], [[2], [1]])  # a rejoins: its tree tail continues
     fresh = prefill(llama, [1, 2, 3, 4, 5] + CHAIN[0])
     torch.testing.assert_close(logits[0], fresh.forward(llama, [60], [-1]), rtol=1e-5, atol=1e-5)
@@ -112,33 +153,50 @@ def test_commit_compacts_to_what_a_fresh_prefill_of_the_accepted_tokens_gives(ll
         torch.testing.assert_close(got.values, want.values, rtol=1e-5, atol=1e-5)
 
 
-def test_forks_share_the_prefix_storage_and_never_write_it(llama):
+def test_forks_share_the_prefix_slots_and_never_write_them(llama):
     parent = prefill(llama, [9, 8, 7, 6])
-    before = own_snapshot(parent)
+    before = snapshot(parent)
     forks = [parent.fork() for _ in range(3)]
+    pool = parent.cache.pool
     for fork in forks:
-        for shared, mine in zip(fork.cache.layers, parent.cache.layers):
-            assert shared.shared[0][0].data_ptr() == mine.own_keys.data_ptr()  # the same storage, no copy
+        assert torch.equal(pool.slots_of(fork.cache.line), before[0])  # the same slots: no copy
+    assert bool((pool.refs[before[0]] == 4).all())  # held by the parent and three forks
     forward_batch(llama, forks, [TREE[0], CHAIN[0], [70]], [TREE[1], CHAIN[1], [-1]])
     forks[0].commit([0, 2, 3])
     forks[1].commit([0, 1, 2])
     forks[2].forward(llama, [71, 72], [0, 1])  # one forked row alone reads the shared prefix in place too
+    assert_untouched(parent, before)
     parent.forward(llama, *TREE)  # the parent writes only past what it shared
     parent.commit([0, 1])
-    for old, layer in zip(before, parent.cache.layers):
-        assert torch.equal(old, layer.own_keys[:, :, :old.shape[-2]])
+    assert torch.equal(pool.slots_of(parent.cache.line)[:4], before[0])
     fresh = prefill(llama, [9, 8, 7, 6] + [10, 12, 13])
     for got, want in zip(forks[0].cache.layers, fresh.cache.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=1e-5, atol=1e-5)
 
 
+def test_a_rows_slots_are_freed_when_it_is_gone_and_shared_ones_when_the_last_holder_is(llama):
+    parent = prefill(llama, [4, 5, 6, 7])
+    pool = parent.cache.pool
+    fork = parent.fork()
+    fork.forward(llama, [8, 9], [-1, 0])
+    prefix, own = pool.slots_of(parent.cache.line), pool.slots_of(fork.cache.line)[4:]
+    n_free = pool.n_free
+    del fork
+    pool.collect()
+    assert bool((pool.refs[own] == 0).all()) and bool((pool.refs[prefix] == 1).all())
+    assert pool.n_free >= n_free + len(own) - 1
+    del parent
+    pool.collect()
+    assert bool((pool.refs[prefix] == 0).all())
+
+
 def test_growth_beyond_capacity_is_counted_as_cache_management(llama):
     kv = prefill(llama, [1, 2])
-    capacity = kv.cache.layers[0].own_keys.shape[-2]
-    spent = kv.copy_s
-    tokens = [(i % 80) + 1 for i in range(capacity)]
+    pool = kv.cache.pool
+    capacity, spent = pool.capacity, pool.copy_s
+    tokens = [(i % 80) + 1 for i in range(pool.n_free + 1)]
     kv.forward(llama, tokens, list(range(-1, len(tokens) - 1)))
-    assert kv.cache.layers[0].own_keys.shape[-2] > capacity and kv.copy_s > spent
+    assert pool.capacity > capacity and pool.copy_s > spent
     kv.commit(list(range(len(tokens))))
     fresh = prefill(llama, [1, 2] + tokens)
     torch.testing.assert_close(kv.cache.layers[1].keys, fresh.cache.layers[1].keys, rtol=1e-5, atol=1e-5)

@@ -56,7 +56,7 @@ def test_a_padded_forward_leaves_the_cache_and_logits_of_an_unpadded_one():
     for kv in (plain, padded):
         kv.commit([0, 2, 3, 4])
     for mine, ref in zip(padded.cache.layers, plain.cache.layers):
-        assert mine.n_own == ref.n_own
+        assert mine.owner.length == ref.owner.length
         torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
 
 
@@ -69,7 +69,7 @@ def test_padding_queries_of_a_batched_forward_never_reach_a_row():
     logits = forward_batch(model, rows, [[5], [6]], [[-1], [-1]])
     assert [lg.shape[0] for lg in logits] == [1, 1]
     assert [len(kv.parents) for kv in rows] == [1, 1]
-    assert [layer.n_own for layer in (rows[0].cache.layers[0], rows[1].cache.layers[0])] == [3, 5]
+    assert [kv.cache.length for kv in rows] == [3, 5]  # 2 and 4 prompt entries, 1 new entry each
 
 
 @pytest.mark.parametrize("mode,k_config,batch", [("sd", (1, 1), 1), ("mcsd", (2, 2), 1), ("seed", (1, 1, 1), None)])

@@ -7,14 +7,12 @@ row of the 4D attention mask (the prefix plus its ancestors). After verification
 the accepted root-to-leaf path and drops every other entry, so the cache stays a plain sequence.
 Stock transformers models take the 4D mask and position ids as they are: no forked modeling code.
 
-Storage (issue 10, row_storage.py): per layer, a row's keys/values live in preallocated buffers
-with spare capacity, written in place (growth by doubling: amortised O(1) per token). Forks of one
-prompt read the parent's committed prefix as read-only segments and write only into their own
-buffers. A batched forward (`forward_batch`) packs the rows' new entries into one sequence (no padding
-between rows), appends to every row's own buffers and attends over each row's segments where they
-lie (row_attention.py): no per-call copy of any history. `copy_s`
-counts every KV move that remains (regrowth, commit's compaction of the tree tail, and the
-copying fallback for models whose attention cannot read rows in place).
+Storage (kv_pool.py): every row of a model keeps its keys/values in that model's preallocated pool,
+written in place; a row holds a line of slot ids. Forks of one prompt hold the parent's prefix slots
+(counted, not copied), commit moves slot ids only, and a batched forward (`forward_batch`) packs the
+rows' new entries into one sequence (no padding between rows) and runs one attention call per layer
+for all rows over the pool (row_attention.py). `copy_s` counts the KV moves that remain (the gathered
+histories of models whose attention cannot read the pool).
 """
 from __future__ import annotations
 
@@ -25,22 +23,11 @@ from transformers import DynamicCache
 
 from . import row_attention
 from .cache_argument import cache_kwargs
-from .masks import AttentionLayout, build_attention_mask, tree_visibility
+from .kv_pool import pool_of
+from .masks import AttentionLayout, batched_visibility, build_attention_mask, tree_visibility, window_masks
 from .query_padding import padded_rows
+from .row_storage import RowCache
 from .target_features import placed_features
-from .row_storage import RowCache, RowLayer
-
-
-def _first(segments: list, length: int) -> list:
-    """The segments [(keys, values)] cut to their first `length` entries (views)."""
-    out = []
-    for keys, values in segments:
-        if length <= 0:
-            break
-        n = min(length, keys.shape[-2])
-        out.append((keys[:, :, :n], values[:, :, :n]) if n < keys.shape[-2] else (keys, values))
-        length -= n
-    return out
 
 
 def layout_of(model) -> AttentionLayout:
@@ -73,14 +60,13 @@ class KVCache:
 
     def fork(self, length: int | None = None) -> "KVCache":
         """A cache whose history is this committed prefix (its first `length` entries: default all),
-        shared read-only (no copy): the fork writes only into its own buffers, and this cache only
-        ever writes past the shared entries."""
+        shared (the same pool slots, no copy): each cache writes only into slots of its own."""
         if self.parents:
             raise RuntimeError("fork a cache only when it has no uncommitted entries")
         length = self.committed if length is None else length
         if not 0 <= length <= self.committed:
             raise ValueError(f"fork of {length} entries from a cache of {self.committed}")
-        return KVCache(RowCache([_first(layer.segments(), length) for layer in self.cache.layers]), length)
+        return KVCache(self.cache.fork(length), length)
 
     def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
                 features: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,10 +75,9 @@ class KVCache:
         them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model).
         features: the target's hidden states for the first entries, for a drafter that reads them
         (target_features.py; the other entries read zeros)."""
-        if self.cache.forked and row_attention.install(model):  # read the shared prefix in place
-            logits = forward_batch(model, [self], [tokens], [parents], what="a forked cache",
-                                   features=None if features is None else [features])[0]
-            return logits[-logits_to_keep:] if logits_to_keep else logits
+        if row_attention.install(model):  # a batch of one: the one path of every model that can take it
+            return forward_batch(model, [self], [tokens], [parents], what="a draft tree",
+                                 features=None if features is None else [features], logits_to_keep=logits_to_keep)[0]
         n_old, n = len(self.parents), len(tokens)
         pad = padded_rows(model, n) - n
         if pad:  # a chain off the last real entry, dropped below: no real entry attends to it (query_padding.py)
@@ -111,8 +96,9 @@ class KVCache:
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         keep.update(_feature_inputs(model, None if features is None else [features], (1, len(tokens)), [(0, 0)]))
-        out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
-                    attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
+        with self.cache.scoring(pool_of(model), len(tokens)):
+            out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
+                        attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
         self.parents = all_parents
         if not pad:
             return out.logits[0]
@@ -133,15 +119,10 @@ class KVCache:
 
     def keep_entries(self, entries: list[int]) -> None:
         """Reorder the uncommitted tail to `entries` (indices of uncommitted entries), dropping the
-        rest, in place: only tail entries move, never the history. The caller fixes `parents`."""
+        rest: only slot ids move, never an entry. The caller fixes `parents`."""
         if entries == list(range(len(self.parents))):
             return
-        start = time.perf_counter()
-        for layer in self.cache.layers:
-            if layer.n_own or layer.shared:
-                own_committed = self.committed - sum(k.shape[-2] for k, _ in layer.shared)
-                layer.keep_tail(own_committed, entries)
-        self.copy_s += time.perf_counter() - start
+        self.cache.pool.keep(self.cache.line, self.committed, entries)
 
 def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tuple[int, int],
                     slots: list[tuple[int, int]]) -> dict:
@@ -154,57 +135,73 @@ def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tu
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)",
-                  features: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+                  features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
     """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
     `KVCache.forward`. The rows' new entries are packed into one sequence (no padding between rows);
-    nothing but a row's own entries ever reaches its storage. Every row attends exactly to what its
-    own `KVCache.forward` would, over its own storage where it lies (row_attention.py); models whose
-    attention cannot do that (Falcon) take `_forward_batch_copied`.
+    nothing but a row's own entries ever reaches its slots. Every row attends exactly to what it would
+    alone, over the pool (row_attention.py); models whose attention cannot read the pool (Falcon) take
+    `_forward_batch_copied`. logits_to_keep (one row only): the logits of its last entries only.
     """
     layout = layout_of(model)
     layout.check_tree_masks(what)
     if not row_attention.install(model):
         return _forward_batch_copied(model, layout, caches, tokens, parents, features)
+    if logits_to_keep and len(caches) > 1:
+        raise ValueError("logits_to_keep is for a forward of one row")
+    pool = pool_of(model)
+    for kv in caches:
+        kv.cache.bind(pool)
     device, dtype = model.device, model.dtype
     windows = row_attention.layer_windows(model, layout)
     # packed, not padded (EMS-SD): the rows' queries follow each other in one sequence, so every linear
     # layer and the LM head run on the real entries only; row_attention.py gives each row its own slice
     n_new = [len(t) for t in tokens]
-    starts = [sum(n_new[:b]) for b in range(len(caches))]
+    starts, at = [], 0
+    for n in n_new:
+        starts.append(at)
+        at += n
+    n_real = at
     # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
     # they belong to no row: they attend to nothing and never reach storage
-    n_query = padded_rows(model, sum(n_new))
+    n_query = padded_rows(model, n_real)
+    all_parents = [kv.parents + list(pars) for kv, pars in zip(caches, parents)]
+    allowed, query_pos, key_pos = batched_visibility([kv.committed for kv in caches], all_parents,
+                                                     [len(kv.parents) for kv in caches])
+    masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
+    valid = torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]
+    positions = torch.zeros(1, n_query, dtype=torch.long)
+    positions[0, :n_real] = query_pos[valid]  # row-major: the packed order
     input_ids = torch.zeros(1, n_query, dtype=torch.long)
-    query_pos = torch.zeros(1, n_query, dtype=torch.long)
-    masks = []
-    for kv, toks, pars, start in zip(caches, tokens, parents, starts):
-        allowed, row_qpos, row_kpos = tree_visibility(kv.committed, kv.parents + list(pars), len(kv.parents))
-        masks.append(row_attention.row_masks(allowed, row_qpos, row_kpos, set(windows), dtype, device))
-        input_ids[0, start: start + len(toks)] = torch.tensor(toks)
-        query_pos[0, start: start + len(toks)] = row_qpos
-    batch = row_attention.RowBatchCache(model.config, [kv.cache for kv in caches], n_new, starts, n_query, masks,
-                                        windows)
+    input_ids[0, :n_real] = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+    history = max(kv.length for kv in caches)
     placeholder = torch.zeros(1, 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
     extra = _feature_inputs(model, features, (1, n_query), [(0, start) for start in starts])
-    with row_attention.active_batch(batch):
-        out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device), attention_mask=mask,
-                    use_cache=True, **cache_kwargs(model, batch), **extra)
-    logits = []
-    for kv, pars, start, n in zip(caches, parents, starts, n_new):
-        kv.parents = kv.parents + list(pars)
-        logits.append(out.logits[0, start: start + n])
-    return logits
+    if logits_to_keep:
+        extra["logits_to_keep"] = logits_to_keep + n_query - n_real
+    with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
+        batch = row_attention.RowBatchCache(model.config, pool, plan, n_new, starts, n_query, masks, windows, history)
+        with row_attention.active_batch(batch):
+            out = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
+                        use_cache=True, **cache_kwargs(model, batch), **extra)
+    for kv, pars in zip(caches, all_parents):
+        kv.parents = pars
+    if logits_to_keep:
+        return [out.logits[0, :logits_to_keep]]
+    return list(out.logits[0, :n_real].split(n_new))  # one op for every row's view
 
 
 def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
                           parents: list[list[int]], features: list[torch.Tensor | None] | None = None
                           ) -> list[torch.Tensor]:
-    """The fallback: every row's history left-padded into one DynamicCache (a copy per call, counted in
-    copy_s), one forward with a padded 4D mask, then each row appends its new entries to its storage."""
+    """The fallback: every row's history gathered and left-padded into one DynamicCache (a copy per call,
+    counted in copy_s), one forward with a padded 4D mask, then the rows' new entries go to the pool."""
     device, dtype = model.device, model.dtype
+    pool = pool_of(model)
+    for kv in caches:
+        kv.cache.bind(pool)
     n_hist = max(kv.length for kv in caches)
     n_query = max(len(t) for t in tokens)
     batch = len(caches)
@@ -227,36 +224,29 @@ def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache],
     copy_start = time.perf_counter()
     stacked = DynamicCache()
     if n_hist:  # a batch of one-token prompts has no history yet: nothing to stack
-        template = next(kv for kv in caches if kv.length == n_hist).cache
-        for layer_idx, layer in enumerate(template.layers):
-            keys, values = [], []
-            for kv in caches:
-                k, v = _layer_kv(kv, layer_idx, layer)
-                pad = n_hist - k.shape[-2]
-                keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-                values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-            stacked.update(torch.cat(keys), torch.cat(values), layer_idx)
+        index = torch.zeros(batch, n_hist, dtype=torch.long)
+        for b, kv in enumerate(caches):
+            index[b, n_hist - kv.length:] = pool.slots_of(kv.cache.line)  # left-padded: the pads are masked
+        index = index.to(pool.device)
+        for layer_idx in sorted(pool.keys):
+            keys, values = pool.read(layer_idx, index)  # [B, n_hist, kv_heads, D]
+            stacked.update(keys.transpose(1, 2), values.transpose(1, 2), layer_idx)
     copy_s = time.perf_counter() - copy_start
     extra = _feature_inputs(model, features, (batch, n_query), [(b, 0) for b in range(batch)])
     out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
                 attention_mask=mask, use_cache=True, **cache_kwargs(model, stacked), **extra)
+    n_new = [len(t) for t in tokens]
+    with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
+        new = slice(n_hist, n_hist + n_query)
+        for layer_idx, layer in enumerate(stacked.layers):
+            keys, values = layer.keys[:, :, new].transpose(1, 2), layer.values[:, :, new].transpose(1, 2)
+            take = [b * n_query + i for b, n in enumerate(n_new) for i in range(n)]  # the real entries, row by row
+            pool.write(layer_idx, plan.write_slots, keys.reshape(-1, *keys.shape[2:])[take],
+                       values.reshape(-1, *values.shape[2:])[take])
     logits = []
     for b, (kv, toks, pars) in enumerate(zip(caches, tokens, parents)):
-        for layer_idx, layer in enumerate(stacked.layers):
-            new = slice(n_hist, n_hist + len(toks))
-            kv.cache.layer(layer_idx).append(layer.keys[b: b + 1, :, new], layer.values[b: b + 1, :, new])
         kv.parents = kv.parents + list(pars)
         logits.append(out.logits[b, : len(toks)])
-    for kv in caches:  # the padded copy in is what this layout costs per forward (issue 10 measures it)
+    for kv in caches:  # the padded copy in is what this layout costs per forward
         kv.copy_s += copy_s / batch
     return logits
-
-
-def _layer_kv(kv: KVCache, layer_idx: int, template: RowLayer):
-    """This row's keys/values of one layer (joined from its segments); an empty slice shaped like
-    `template`'s (the model's real KV heads and head size, e.g. one head for multi-query Falcon)."""
-    layers = kv.cache.layers
-    if kv.length and layer_idx < len(layers):
-        return layers[layer_idx].keys, layers[layer_idx].values
-    keys, values = template.segments()[0]
-    return keys[:1, ..., :0, :], values[:1, ..., :0, :]

@@ -152,3 +152,67 @@ def tree_visibility(committed: int, all_parents: list[int], n_old: int) -> tuple
         ancestors[i, i] = True
     allowed[:, committed:] = ancestors[n_old:]
     return allowed, entry_pos[n_old:], key_pos
+
+
+def batched_visibility(committed: list[int], parents: list[list[int]], n_old: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`tree_visibility` of every row of a batched forward at once, in a fixed number of tensor ops.
+
+    Row b has committed[b] prefix entries and uncommitted entries with parents[b] (old then new), of
+    which the last len(parents[b]) - n_old[b] are this forward's queries. Returns allowed [B, Q, K],
+    query positions [B, Q] and key positions [B, K], with Q the most queries of a row and K the
+    longest history after the forward. A row's padding queries see nothing; its padding keys are
+    seen by nobody.
+    """
+    rows = len(committed)
+    n_tree = [len(p) for p in parents]
+    c = torch.tensor(committed)
+    n_old_t = torch.tensor(n_old)
+    n_new = torch.tensor(n_tree) - n_old_t
+    n_query = max(t - o for t, o in zip(n_tree, n_old))
+    n_key = max(ci + t for ci, t in zip(committed, n_tree))
+    key = torch.arange(n_key)[None]  # [1, K]
+    query = torch.arange(n_query)[None]  # [1, Q]
+    query_valid = query < n_new[:, None]  # [B, Q]
+    if all(p == i - 1 for row in parents for i, p in enumerate(row)):  # chains: entry e sits at c + e
+        query_pos = c[:, None] + n_old_t[:, None] + query
+        key_pos = key.expand(rows, n_key)
+        allowed = (key[:, None, :] <= query_pos[:, :, None]) & query_valid[:, :, None]
+        return allowed, query_pos, key_pos
+    widest = max(n_tree)
+    # ancestor-or-self closure of each row's tree: one-hot parents, then squaring (paths of 2^k steps)
+    reach = torch.zeros(rows, widest, widest)
+    b_idx = [b for b, row in enumerate(parents) for p in row if p >= 0]
+    e_idx = [i for row in parents for i, p in enumerate(row) if p >= 0]
+    p_idx = [p for row in parents for p in row if p >= 0]
+    reach[b_idx, e_idx, p_idx] = 1.0
+    reach += torch.eye(widest)
+    steps = 1
+    while steps < widest:
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
+        steps *= 2
+    depth = reach.sum(-1).long()  # ancestors counted with the entry itself
+    entry_pos = c[:, None] + depth - 1  # [B, T]
+    entry = key - c[:, None]  # [B, K]: the uncommitted entry a key is, where it is one
+    in_tree = (entry >= 0) & (entry < torch.tensor(n_tree)[:, None])
+    entry_c = entry.clamp(0, widest - 1)
+    key_pos = torch.where(in_tree, entry_pos.gather(1, entry_c), key.expand(rows, n_key))
+    query_entry = (n_old_t[:, None] + query).clamp(max=widest - 1)  # [B, Q]
+    query_pos = entry_pos.gather(1, query_entry)
+    reach_q = reach.gather(1, query_entry[:, :, None].expand(rows, n_query, widest))  # [B, Q, T]
+    ancestor = reach_q.gather(2, entry_c[:, None, :].expand(rows, n_query, n_key)) > 0  # [B, Q, K]
+    allowed = ((key < c[:, None])[:, None, :] | (ancestor & in_tree[:, None, :])) & query_valid[:, :, None]
+    return allowed, query_pos, key_pos
+
+
+def window_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, windows: set,
+                 dtype: torch.dtype, device) -> dict:
+    """Additive masks [B, 1, Q, K] per window (None: full), by the rule key_pos > query_pos - window."""
+    masks = {}
+    for window in windows:
+        visible = allowed
+        if window is not None:
+            visible = allowed & ((query_pos[:, :, None] - key_pos[:, None, :]) < window)
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+        masks[window] = mask[:, None].to(device)
+    return masks

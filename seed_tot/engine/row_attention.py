@@ -1,19 +1,18 @@
-"""Attention over each row's own KV storage: the batched forward of `kv_cache.forward_batch`.
+"""Attention over the rows of a KV pool: the batched forward of `kv_cache.forward_batch`.
 
-A batched forward over m caches must not gather their histories into one padded tensor. So the
-rows' new entries are packed into one query sequence, row b's at [starts[b], starts[b] + n_new[b])
-(the linear layers and the LM head run on real entries only, however unequal the rows), and the
-model is called with a `RowBatchCache`, whose `update` appends each row's new keys/values to that
-row's own storage (in place), and an attention function registered with transformers'
-`AttentionInterface` reads every row's storage as it is: a list of segments (the read-only prefix
-shared with the forks of one prompt, then the row's own entries), one matmul per segment. Each row
-gets its own mask (tree structure + sliding window of the layer), built by masks.py's rules.
+The rows' new entries are packed into one query sequence, row b's at [starts[b], starts[b] + n_new[b])
+(the linear layers and the LM head run on real entries only, however unequal the rows), and the model
+is called with a `RowBatchCache`, whose `update` stores every row's new keys/values in the model's
+pool (kv_pool.py) with one write per layer, and an attention function registered with transformers'
+`AttentionInterface` runs one attention call per layer for all rows: their histories gathered from the
+pool by one index, their masks (tree structure + the layer's sliding window, masks.py's rules) built
+once per forward. No Python loop over rows runs inside a layer.
 
 Per call, not per model: the registered implementation ("seed_tot+sdpa" / "seed_tot+eager")
 dispatches to the model's original attention unless *this thread* is inside a batched forward of
-this model, so single-row forwards (and other threads' forwards of the same model, e.g. SEED's
-draft workers) are exactly what they were. Installing it renames `config._attn_implementation`
-once; masks are still built by the original implementation's mask function.
+this model, so other threads' forwards of the same model and stock-attention forwards (pipeline
+stages) are exactly what they were. Installing it renames `config._attn_implementation` once; masks
+are still built by the original implementation's mask function.
 """
 from __future__ import annotations
 
@@ -67,24 +66,40 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 
 
 class RowBatchCache(Cache):
-    """The `past_key_values` of one packed batched forward: appends row b's new entries to row b's storage.
+    """The `past_key_values` of one packed batched forward over rows of one KV pool (kv_pool.py).
 
     The forward runs one sequence of queries: row b's n_new[b] entries at [starts[b], starts[b] + n_new[b]),
     rows one after another, then any padding queries (which belong to no row and reach no storage).
-    rows[b] is a `kv_cache.RowCache`; masks[b] maps a window (None: full) to row b's additive mask
-    [n_new[b], row length after the forward]."""
+    Everything per row is laid out once per forward, as index tensors, so that each layer costs the same
+    handful of tensor ops however many rows there are:
+      write_slots [n_real]      the pool slots of the real queries' new entries, in packed order
+      read_index  [B, K]        every row's history after the forward, padded (padding reads are masked)
+      q_index     [B * Q]       packed query of row b's i-th new entry (0 for padding)
+      out_index   [n_real]      where packed query j sits in the [B * Q] layout
+      masks       {window: [B, 1, Q, K]} additive masks (tree structure + the layer's sliding window)."""
 
-    def __init__(self, config, rows, n_new: list[int], starts: list[int], n_query: int, masks: list[dict],
-                 windows: list[int | None]):
+    def __init__(self, config, pool, plan, n_new: list[int], starts: list[int], n_query: int, masks: dict,
+                 windows: list[int | None], history: int):
         super().__init__(layers=[])
-        self.config, self.rows, self.n_new, self.starts, self.n_query = config, rows, n_new, starts, n_query
-        self.masks, self.windows = masks, windows
-        self.history = max(row.get_seq_length() for row in rows)
+        self.config, self.pool, self.n_new, self.starts, self.n_query = config, pool, n_new, starts, n_query
+        self.masks, self.windows, self.history = masks, windows, history
+        self.write_slots, self.read_index = plan.write_slots, plan.read_index
+        self.n_real = sum(n_new)
+        self.rows, self.width = len(n_new), max(n_new)
+        device = plan.read_index.device
+        n_new_t = torch.tensor(n_new)
+        query = torch.arange(self.width)[None]
+        self.valid = query < n_new_t[:, None]  # [B, Q]
+        q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~self.valid, 0)
+        self.q_index = q_index.reshape(-1).to(device)
+        self.out_index = (torch.arange(self.rows)[:, None] * self.width + query)[self.valid].to(device)
+        self.valid = self.valid.to(device)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        for row, start, n in zip(self.rows, self.starts, self.n_new):
-            row.layer(layer_idx).append(key_states[:, :, start:start + n], value_states[:, :, start:start + n])
-        return key_states, value_states  # unused: the attention reads each row's storage
+        n = self.n_real  # padding queries' entries are never stored
+        self.pool.write(layer_idx, self.write_slots, key_states[0, :, :n].transpose(0, 1),
+                        value_states[0, :, :n].transpose(0, 1))
+        return key_states, value_states  # unused: the attention reads the pool
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.history
@@ -93,41 +108,41 @@ class RowBatchCache(Cache):
         return self.history + query_length, 0
 
 
-@torch.no_grad()  # inference only; rows' storage may hold inference-mode tensors, which autograd refuses
+@torch.no_grad()  # inference only; the pool may hold inference-mode tensors, which autograd refuses
 def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=None, dropout=0.0,
                    softcap=None, **kwargs):
-    """Each row attends over its own segments: scores per segment, one softmax, values per segment.
-    Same arithmetic as the stock eager attention (scale, soft-cap, additive mask, float32 softmax)."""
+    """Every row's queries against its own history, in one attention call for all rows: the histories
+    gathered from the pool, the queries unpacked to [rows, Q], one masked attention, the outputs packed
+    back. Same arithmetic as the model's own implementation (sdpa, or eager: scale, soft-cap, additive
+    mask, float32 softmax)."""
     if module.training:
         raise RuntimeError("row attention is for inference (no dropout)")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported by row attention")
     _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
+    rows, width = batch.rows, batch.width
     scaling = head_dim ** -0.5 if scaling is None else scaling
-    window = batch.windows[module.layer_idx]
-    out = query.new_zeros(1, n_query, n_heads, head_dim)  # padding queries (no row's) keep zeros: dropped
-    for b, (row, start, n) in enumerate(zip(batch.rows, batch.starts, batch.n_new)):
-        if n == 0:  # a row with nothing new
-            continue
-        segments = row.layer(module.layer_idx).segments()
-        n_kv = segments[0][0].shape[1]
+    mask = batch.masks[batch.windows[module.layer_idx]]  # [B, 1, Q, K]
+    keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
+    n_kv = keys.shape[1]
+    q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
+    if softcap is None and module.config._attn_implementation == PREFIX + "sdpa":
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
+                                                               enable_gqa=n_heads != n_kv)
+    else:
         group = n_heads // n_kv
-        # GQA: a KV head's query heads and query tokens form one matrix [n_kv, group * n, D], so each
-        # segment is one plain bmm (a broadcast matmul would expand every key group-fold: a copy)
-        q = query[0, :, start:start + n].reshape(n_kv, group * n, head_dim)
-        scores = torch.cat([torch.bmm(q, k[0].transpose(-1, -2)) for k, _ in segments], dim=-1)
-        scores = scores * scaling
+        # a KV head's query heads and query tokens form one matrix [group * Q, D]: no key is repeated
+        scores = torch.matmul(q.reshape(rows, n_kv, group * width, head_dim), keys.transpose(-1, -2)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = (scores.view(n_kv, group, n, -1) + batch.masks[b][window]).view(n_kv, group * n, -1)  # mask [n, L]
+        scores = scores.view(rows, n_kv, group, width, -1) + mask[:, :, None]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        mixed, at = None, 0
-        for _, v in segments:
-            part = torch.bmm(probs[..., at:at + v.shape[-2]], v[0])
-            mixed = part if mixed is None else mixed + part
-            at += v.shape[-2]
-        out[0, start:start + n] = mixed.reshape(n_heads, n, head_dim).transpose(0, 1)
-    return out, None
+        out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
+    out = out.transpose(1, 2).reshape(rows * width, n_heads, head_dim).index_select(0, batch.out_index)
+    if n_query > batch.n_real:  # padding queries (no row's) get zeros: their outputs are dropped
+        out = torch.cat([out, out.new_zeros(n_query - batch.n_real, n_heads, head_dim)])
+    return out[None], None
 
 
 def layer_windows(model, layout: AttentionLayout) -> list[int | None]:
@@ -140,18 +155,6 @@ def layer_windows(model, layout: AttentionLayout) -> list[int | None]:
     return [next(iter(layout.windows.values()))] * n_layers  # one window for every layer (Mistral, Phi-3, Llama)
 
 
-def row_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, windows: set,
-              dtype: torch.dtype, device) -> dict:
-    """One row's additive masks [Q, K] per window (masks.py's rule: key_pos > query_pos - window)."""
-    masks = {}
-    for window in windows:
-        visible = allowed
-        if window is not None:
-            visible = allowed & ((query_pos[:, None] - key_pos[None, :]) < window)
-        masks[window] = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min).to(device)
-    return masks
-
-
 def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     """Hidden states [1, queries, size] of this thread's packed batched forward as [rows, entries, size]
     (row b's n_new[b] entries first, right-padded with zeros): the layout a hidden-state capture's
@@ -159,10 +162,8 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     batch = getattr(_active, "batch", None)
     if batch is None or hidden.shape[:2] != (1, batch.n_query):
         return hidden
-    rows = hidden.new_zeros(len(batch.rows), max(batch.n_new), hidden.shape[-1])
-    for b, (start, n) in enumerate(zip(batch.starts, batch.n_new)):
-        rows[b, :n] = hidden[0, start:start + n]
-    return rows
+    rows = hidden[0].index_select(0, batch.q_index).view(batch.rows, batch.width, -1)
+    return rows * batch.valid[..., None].to(rows.dtype)
 
 
 class active_batch:

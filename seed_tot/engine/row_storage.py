@@ -1,132 +1,135 @@
-"""Per-row KV storage that grows in place (issue 10): the layout under `kv_cache.KVCache`.
+"""A row's transformers `Cache`, backed by its model's KV pool (kv_pool.py).
 
-Per layer, a row's keys/values live in preallocated buffers with spare capacity, written in place
-at [length, length + n) (growth by doubling: amortised O(1) per token, the rare regrowth counted
-in `copy_s`). A fork of a prompt reads its parent's committed prefix as read-only segments (views
-of the parent's buffers) and writes only into its own buffers; the parent only ever writes past
-what it shared. So a row's history is a list of segments, which row_attention.py reads where they
-lie; stock attention (single-row forwards) gets one view, or, for a forked row on a model that
-cannot read segments, the segments joined (a copy, counted).
+The keys and values live in the pool; a row holds only its table line (which slots, in order). A fork
+of a prompt holds the same slots as its parent for the shared prefix (counted, never copied) and new
+slots for what it adds. Batched forwards (row_attention.py) read the pool directly. The stock attention
+path (models whose attention cannot read the pool, and pipeline stages, which call decoder layers
+themselves) goes through `update`, which stores the new entries and returns the row's whole history
+gathered from its slots (a copy, counted in `copy_s`).
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-MIN_CAPACITY = 64
-
-
-def _writable(buffer: torch.Tensor):
-    """Buffers allocated under torch.inference_mode (pipeline stages) may only be written in it."""
-    return torch.inference_mode(buffer.is_inference())
-
-
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor | None:
-    if len(parts) <= 1:
-        return parts[0] if parts else None
-    return torch.cat(parts, dim=-2)
+from .kv_pool import KVPool, Line, ScoringPlan
 
 
 class RowLayer(CacheLayerMixin):
-    """One layer of one row: read-only shared segments (a parent's prefix) + own growable buffers."""
+    """One layer of one row, as transformers' cache bookkeeping and inspection see it."""
 
     is_sliding = False  # every entry is kept: windows are applied by the masks, as for DynamicLayer
     is_croppable = False
 
-    def __init__(self, owner: "RowCache", shared: list | None = None):
-        self.owner = owner
-        self.shared = list(shared or [])  # [(keys, values)] views [1, H, L, D] of others' storage: never written
-        self.own_keys = self.own_values = None  # [1, H, capacity, D]
-        self.n_own = 0
-        self.is_initialized = bool(self.shared)
+    def __init__(self, owner: "RowCache", layer_idx: int):
+        self.owner, self.layer_idx = owner, layer_idx
+        self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.is_initialized = True
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Write new entries [1, H, n, D] after the row's last one, in place (regrow if full)."""
-        n = keys.shape[-2]
-        need = self.n_own + n
-        if self.own_keys is None or need > self.own_keys.shape[-2]:
-            start = time.perf_counter()
-            capacity = max(MIN_CAPACITY, 2 * need)
-            shape = (1, keys.shape[1], capacity, keys.shape[-1])
-            new_keys, new_values = keys.new_empty(shape), values.new_empty(shape[:-1] + (values.shape[-1],))
-            if self.n_own:
-                new_keys[:, :, :self.n_own] = self.own_keys[:, :, :self.n_own]
-                new_values[:, :, :self.n_own] = self.own_values[:, :, :self.n_own]
-            self.own_keys, self.own_values = new_keys, new_values
-            self.owner.copy_s += time.perf_counter() - start
-        with _writable(self.own_keys):
-            self.own_keys[:, :, self.n_own:need] = keys
-            self.own_values[:, :, self.n_own:need] = values
-        self.n_own = need
-        self.is_initialized = True
-
-    def segments(self) -> list:
-        """The row's history as views, in order: shared prefix segments, then its own entries."""
-        own = [(self.own_keys[:, :, :self.n_own], self.own_values[:, :, :self.n_own])] if self.n_own else []
-        return self.shared + own
-
     def update(self, key_states, value_states, *args, **kwargs):
-        """The stock attention's path (single-row forwards): append, return the whole history. A view
-        of the own buffers; a forked row's history spans segments, so it is joined (a copy, counted)."""
-        self.append(key_states, value_states)
-        start = time.perf_counter()
-        keys, values = self.keys, self.values
-        if self.shared:
-            self.owner.copy_s += time.perf_counter() - start
-        return keys, values
+        return self.owner.update(key_states, value_states, self.layer_idx)
+
+    def _history(self, which: int):
+        owner = self.owner
+        if owner.line is None or not owner.line.length or not owner.pool.has_layer(self.layer_idx):
+            return None
+        entries = owner.pool.read(self.layer_idx, owner.pool.slots_of(owner.line).to(owner.pool.device))[which]
+        return entries.transpose(0, 1)[None]  # [1, kv_heads, length, head_dim], as a DynamicLayer holds it
 
     @property
     def keys(self):
-        """The whole history (for inspection and the copying fallback): a view when it is one segment,
-        else joined (a copy); None before any entry."""
-        return _joined([k for k, _ in self.segments()])
+        """The row's keys of this layer [1, kv_heads, length, head_dim] (a copy; None before any entry)."""
+        return self._history(0)
 
     @property
     def values(self):
-        return _joined([v for _, v in self.segments()])
+        return self._history(1)
 
     def get_seq_length(self) -> int:
-        return sum(k.shape[-2] for k, _ in self.shared) + self.n_own
+        return self.owner.get_seq_length()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+        return self.owner.get_seq_length() + query_length, 0
 
     def get_max_length(self) -> int:
         return -1
 
-    def keep_tail(self, start: int, entries: list[int]) -> None:
-        """Own entries start+entries[i] move to start+i, in place; everything after is dropped."""
-        moved = next((i for i, e in enumerate(entries) if e != i), len(entries))  # entries before stay put
-        if moved < len(entries):
-            index = torch.tensor(entries[moved:], dtype=torch.long, device=self.own_keys.device) + start
-            first, end = start + moved, start + len(entries)
-            with _writable(self.own_keys):
-                self.own_keys[:, :, first:end] = self.own_keys.index_select(2, index)  # gathered first: no overlap
-                self.own_values[:, :, first:end] = self.own_values.index_select(2, index)
-        self.n_own = start + len(entries)
-
 
 class RowCache(Cache):
-    """A row's transformers `Cache`: one RowLayer per decoder layer (created on first use)."""
+    """One row's cache in one model: its pool line, bound on the row's first forward."""
 
-    def __init__(self, shared_layers: list[list] | None = None):
+    def __init__(self, pool: KVPool | None = None, parent: Line | None = None, length: int = 0):
         super().__init__(layers=[])
         self.copy_s = 0.0
-        self.layers = [RowLayer(self, shared) for shared in (shared_layers or [])]
+        self.pool = pool
+        self.line = None if pool is None else (pool.fork_line(self, parent, length) if parent is not None
+                                               else pool.new_line(self))
+        self._plan: ScoringPlan | None = None  # the forward in flight through `update` (stock attention)
+        self._past = 0
 
-    def layer(self, layer_idx: int) -> RowLayer:
-        while len(self.layers) <= layer_idx:
-            self.layers.append(RowLayer(self))
-        return self.layers[layer_idx]
-
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        return self.layer(layer_idx).update(key_states, value_states)
+    def bind(self, pool: KVPool) -> None:
+        """Store this row in `pool` (its model's); a row's entries never move between pools."""
+        if self.pool is None:
+            self.pool, self.line = pool, pool.new_line(self)
+        elif self.pool is not pool:
+            raise RuntimeError("this cache holds another model's entries: a KVCache serves one model")
 
     @property
-    def forked(self) -> bool:
-        return any(layer.shared for layer in self.layers)
+    def length(self) -> int:
+        return 0 if self.line is None else self.line.length
+
+    def fork(self, length: int) -> "RowCache":
+        if self.pool is None or not length:
+            return RowCache(self.pool)
+        return RowCache(self.pool, self.line, length)
+
+    @property
+    def layers(self) -> list[RowLayer]:
+        """One RowLayer per layer the pool stores (transformers' bookkeeping and inspection)."""
+        stored = 0 if self.pool is None else max(self.pool.keys, default=-1) + 1
+        while len(self._layers) < stored:
+            self._layers.append(RowLayer(self, len(self._layers)))
+        return self._layers
+
+    @layers.setter
+    def layers(self, value) -> None:  # transformers' Cache.__init__ sets the list
+        self._layers = list(value)
+
+    def layer(self, layer_idx: int) -> RowLayer:
+        while len(self._layers) <= layer_idx:
+            self._layers.append(RowLayer(self, len(self._layers)))
+        return self._layers[layer_idx]
+
+    @contextmanager
+    def scoring(self, pool: KVPool, n_new: int):
+        """A stock-attention forward of `n_new` entries: `update` stores them and returns the history."""
+        self.bind(pool)
+        past = self.length
+        with pool.scoring([self.line], [n_new]) as plan:
+            self._plan, self._past = plan, past
+            try:
+                yield plan
+            finally:
+                self._plan = None
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("a RowCache is written inside `scoring` (KVCache.forward or a stage's run)")
+        self.layer(layer_idx)
+        self.pool.write(layer_idx, plan.write_slots, key_states[0].transpose(0, 1), value_states[0].transpose(0, 1))
+        start = time.perf_counter()
+        keys, values = self.pool.read(layer_idx, plan.read_index[0])
+        self.copy_s += time.perf_counter() - start
+        return keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._past if self._plan is not None else self.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0

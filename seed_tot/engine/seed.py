@@ -315,7 +315,7 @@ def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:
     row cannot take down other callers' rows. Returns an Acceptance or the exception, per job."""
     rows = [(j.seq, j.tree, j.node_entry) for j in jobs]
     try:
-        scored = score_rows(model, rows)
+        scored = score_rows(model, rows, vocab_size)
     except Exception as err:
         if len(jobs) == 1:
             return [err]

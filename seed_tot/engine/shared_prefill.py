@@ -72,17 +72,15 @@ class PrefixStore:
             self._entries.clear()
 
     def retained_bytes(self) -> int:
-        """Bytes of KV storage the entries keep alive, each storage once (entries share the few-shot trunk)."""
-        seen, total = set(), 0
+        """Bytes of KV storage the entries keep alive, each slot once (entries share the few-shot trunk)."""
+        slots, pool = [], None
         for kv in self._entries.values():
-            for layer in kv.cache.layers:
-                for keys, values in layer.segments():
-                    for t in (keys, values):
-                        storage = t.untyped_storage()
-                        if storage.data_ptr() not in seen:
-                            seen.add(storage.data_ptr())
-                            total += storage.nbytes()
-        return total
+            if kv.cache.line is not None:
+                pool = kv.cache.pool
+                slots.append(pool.slots_of(kv.cache.line))
+        if pool is None:
+            return 0
+        return int(torch.cat(slots).unique().numel()) * pool.bytes_per_slot()
 
     def put(self, tokens: list[int], kv: KVCache) -> None:
         if not self.max_entries or len(tokens) < MIN_SHARED:

@@ -22,7 +22,7 @@ from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
 from .target_features import TargetHidden
-from .verify import Acceptance, accept_tokens
+from .verify import Acceptance, accept_greedy, accept_tokens
 
 
 def _chain_parents(n: int) -> list[int]:
@@ -73,7 +73,8 @@ def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], par
 def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
                  node_entry: dict[int, int] | None = None) -> Acceptance:
     """Score pending tokens + tree in one target forward, accept, and commit both caches."""
-    return accept_row((seq, tree, node_entry), score_rows(model, [(seq, tree, node_entry)])[0], params, vocab_size)
+    row = score_rows(model, [(seq, tree, node_entry)], vocab_size if params.greedy else None)[0]
+    return accept_row((seq, tree, node_entry), row, params, vocab_size)
 
 
 @torch.inference_mode()
@@ -81,7 +82,7 @@ def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, in
                        vocab_size: int) -> list[Acceptance]:
     """verify_round for several sequences in one padded target forward; lossless per sequence.
     params None: each sequence is verified with its own call's sampling params."""
-    scored = score_rows(model, jobs)
+    scored = score_rows(model, jobs, vocab_size)
     return [accept_row(job, row, params, vocab_size) for job, row in zip(jobs, scored)]
 
 
@@ -94,24 +95,42 @@ class ScoredRow:
     busy_s: float
     rows: int
     hidden: torch.Tensor | None = None  # the target's hidden states of its entries, when a drafter reads them
+    best: list[int] | None = None  # a greedy row: the target's argmax after its root and after each tree node
 
 
 @torch.inference_mode()
-def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) -> list[ScoredRow]:
-    """The target forward of a verification (one row: KVCache.forward, several: forward_batch).
-    Nothing is committed yet, so a failure here leaves every sequence as it was."""
+def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]],
+               vocab_size: int | None = None) -> list[ScoredRow]:
+    """The target forward of a verification: every job's row in one forward.
+    Nothing is committed yet, so a failure here leaves every sequence as it was. With `vocab_size`,
+    the greedy rows' argmaxes are taken for all of them at once: one op, one transfer to the host."""
     start = time.perf_counter()
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
-    if len(jobs) == 1:
+    if len(jobs) == 1:  # KVCache.forward: also the stock path of models no batched mask can serve (ALiBi)
         all_logits = [jobs[0][0].target.forward(model, inputs[0][0], inputs[0][1])]
     else:
         all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
                                    [p for _, p, _ in inputs])
+    best = _greedy_argmax(jobs, all_logits, [n_p for _, _, n_p in inputs], vocab_size)
     busy = time.perf_counter() - start
     # a drafter that reads the target's hidden states gets them from this forward (target_features.py)
     hidden = TargetHidden.of(model).take_rows() if any(seq.features is not None for seq, _, _ in jobs) else None
-    return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)])
+    return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)], best[b])
             for b, (logits, (tokens, _, n_p)) in enumerate(zip(all_logits, inputs))]
+
+
+def _greedy_argmax(jobs, all_logits: list[torch.Tensor], n_pending: list[int], vocab_size: int | None) -> list:
+    """Per job: the argmax of each entry from its root on (a greedy row), or None."""
+    greedy = [b for b, (seq, _, _) in enumerate(jobs) if vocab_size and seq.rule.params.greedy]
+    best: list = [None] * len(jobs)
+    if not greedy:
+        return best
+    picks = torch.cat([all_logits[b][n_pending[b] - 1:, :vocab_size] for b in greedy]).argmax(-1).tolist()
+    at = 0
+    for b in greedy:
+        n = all_logits[b].shape[0] - n_pending[b] + 1
+        best[b], at = picks[at: at + n], at + n
+    return best
 
 
 @torch.inference_mode()
@@ -119,7 +138,7 @@ def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, 
                vocab_size: int) -> Acceptance:
     seq, tree, node_entry = job
     return _accept_and_commit(seq, tree, node_entry, row.logits, row.n_pending, row.busy_s, row.rows,
-                              params or seq.rule.params, vocab_size, row.hidden)
+                              params or seq.rule.params, vocab_size, row.hidden, row.best)
 
 
 def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
@@ -132,10 +151,13 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int]
 
 def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
                        n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int,
-                       hidden: torch.Tensor | None = None) -> Acceptance:
+                       hidden: torch.Tensor | None = None, best: list[int] | None = None) -> Acceptance:
     """`busy` seconds of one target forward that verified `rows` sequences: this row's share is 1/rows."""
-    target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
-    acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
+    if params.greedy and best is not None:  # argmaxes already on the host (score_rows)
+        acc = accept_greedy(tree, best)
+    else:
+        target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
+        acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
     kept = list(range(n_p)) + [n_p + i for i in acc.path]
     if seq.features is not None and hidden is not None:  # f of every committed entry, by position
         seq.features.put(seq.target.committed, hidden[kept])
@@ -145,12 +167,12 @@ def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int
     seq.stats.target_query_tokens += n_p + len(tree)
     seq.stats.target_busy_s += busy / rows
     seq.stats.accepted += len(acc.path)
-    _commit_draft(seq, acc, node_entry)
+    commit_draft(seq, acc, node_entry)
     seq.append(acc.tokens)
     return acc
 
 
-def _commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:
+def commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:
     """The draft cache keeps its pending tokens and the accepted nodes it had already fed."""
     if seq.draft is not None and node_entry is not None:
         # the pending tokens it was fed this round (none when a policy drafted nothing); a policy may

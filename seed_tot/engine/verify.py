@@ -37,6 +37,28 @@ class Acceptance:
     resampled: bool  # True when the last token replaced a rejected draft (False: bonus)
 
 
+def _children(tree: DraftTree) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(i)
+    return children
+
+
+def accept_greedy(tree: DraftTree, best: list[int]) -> Acceptance:
+    """The greedy walk: best[0] is the target's argmax after the root, best[i + 1] after node i. Accept
+    the child whose token is the argmax, else emit the argmax (a bonus token at a leaf)."""
+    children = _children(tree)
+    path: list[int] = []
+    node = -1
+    while True:
+        token = best[node + 1]
+        match = next((c for c in children.get(node, []) if tree.tokens[c] == token), None)
+        if match is None:
+            return Acceptance(path, [tree.tokens[i] for i in path] + [token], bool(children.get(node)))
+        path.append(match)
+        node = match
+
+
 def _normalise(x: torch.Tensor) -> torch.Tensor:
     total = x.sum()
     return x / total if total > 0 else x
@@ -45,9 +67,9 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
 def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
                   generator: torch.Generator | None) -> Acceptance:
     """target_probs[0] is p after the root, target_probs[i + 1] is p after node i (float32, like q)."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(tree.parents):
-        children.setdefault(parent, []).append(i)
+    if greedy:  # one transfer of every node's argmax, then a walk in Python
+        return accept_greedy(tree, target_probs.argmax(-1).tolist())
+    children = _children(tree)
     path: list[int] = []
     node = -1
     while True:
@@ -55,14 +77,6 @@ def accept_tokens(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
         kids = children.get(node, [])
         if not kids:  # all drafts on this path accepted (or none drafted): bonus token from p
             return Acceptance(path, [tree.tokens[i] for i in path] + [sample(p, generator)], False)
-        if greedy:
-            best = int(p.argmax())
-            match = next((c for c in kids if tree.tokens[c] == best), None)
-            if match is None:
-                return Acceptance(path, [tree.tokens[i] for i in path] + [best], True)
-            path.append(match)
-            node = match
-            continue
         picked = [c for c in kids if tree.deterministic(c)]  # DraftTree puts them before the sampled ones
         residual = p
         if picked:

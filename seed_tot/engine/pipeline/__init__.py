@@ -5,7 +5,7 @@ tree.py    the dynamic prediction tree (layer update, reroot/restart)
 roles.py   what the draft process and each target-stage process do
 schedule.py  tick loops: PipeDec, PP (no draft), STPP (static tree, the engine's verifier)
 comm.py    in-memory and torch.distributed transports
-launch.py  simulation, local multi-process launch, joining a torchrun group
+launcher.py  simulation, local multi-process launch, joining a torchrun group
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ __all__ = ["ModelSource", "PipelineConfig", "PipelineOutput", "PipelineStats", "
            "build_stages", "join_group", "launch", "simulate", "split_layers"]
 
 if TYPE_CHECKING:
-    from .launch import ModelSource, PipelineConfig, PipelineOutput, join_group, launch, simulate
+    from .launcher import ModelSource, PipelineConfig, PipelineOutput, join_group, launch, simulate
     from .schedule import PipelineStats
     from .stages import TargetStage, build_stages, split_layers
 
 _LAZY = {**dict.fromkeys(("ModelSource", "PipelineConfig", "PipelineOutput", "join_group", "launch", "simulate"),
-                         ".launch"),
+                         ".launcher"),
          "PipelineStats": ".schedule", **dict.fromkeys(("TargetStage", "build_stages", "split_layers"), ".stages")}
 
 

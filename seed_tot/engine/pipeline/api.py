@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..params import SamplingParams
 
 if TYPE_CHECKING:
-    from .launch import PipelineOutput
+    from .launcher import PipelineOutput
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def generate_pipelined(engine, prompts, params: SamplingParams | None = None, mo
     processes=True: N + 1 local processes (forked where safe, so they share the loaded weights
     copy-on-write); False: the single-process simulation; join=True: this process is one rank of a
     group started by torchrun."""
-    from .launch import ModelSource, PipelineConfig, join_group, launch, simulate  # torch: only when a pipeline runs
+    from .launcher import ModelSource, PipelineConfig, join_group, launch, simulate  # torch: only when a pipeline runs
 
     params = params or SamplingParams()
     cfg = PipelineConfig(mode=mode, n_stages=stages, width=width, children=children, k_config=tuple(k_config))

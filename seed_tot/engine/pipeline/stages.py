@@ -14,6 +14,7 @@ from torch import nn
 
 from ..cache_argument import cache_kwargs
 from ..kv_cache import KVCache, layout_of
+from ..kv_pool import pool_of
 from ..masks import FULL, AttentionLayout, build_attention_mask, tree_visibility
 
 # decoder-only models whose stock forward is exactly embed -> layers -> norm -> lm_head (Gemma, for
@@ -123,10 +124,11 @@ class TargetStage(nn.Module):
         if self.first:
             hidden = self.embed(torch.tensor([tokens], device=self.device))
         position_embeddings = self.rotary(hidden, position_ids=positions)
-        for block, layer_type in zip(self.blocks, self.layer_types):
-            layer_mask = mask[layer_type] if isinstance(mask, dict) else mask  # sliding or full layer
-            hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, use_cache=True,
-                           position_embeddings=position_embeddings, **cache_kwargs(block, kv.cache))
+        with kv.cache.scoring(pool_of(self), len(tokens)):  # the blocks store their entries in this stage's pool
+            for block, layer_type in zip(self.blocks, self.layer_types):
+                layer_mask = mask[layer_type] if isinstance(mask, dict) else mask  # sliding or full layer
+                hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, use_cache=True,
+                               position_embeddings=position_embeddings, **cache_kwargs(block, kv.cache))
         kv.parents = all_parents
         cache.ids = cache.ids + list(ids)
         if self.last:

@@ -1,0 +1,244 @@
+"""Preallocated KV storage of one model: every row's keys and values in one tensor per layer.
+
+vLLM's paged layout at a page size of one token. Per layer, keys are one tensor [slots, kv_heads,
+head_dim] (values likewise), and a row's history is its line of the slot table, `table[line, :length]`,
+in sequence order. So one forward writes every row's new entries with one `index_copy_` per layer and
+reads every row's history with one `index_select` per layer, however many rows it carries. A row
+joins (a free table line), forks (its parent's line copied and the shared slots counted once more:
+no KV is copied), reorders its uncommitted tail (commit: only slot ids move) and leaves (its slots
+freed once no other line holds them) without touching another row's storage.
+
+Threads: SEED's draft workers forward one model on several threads at once. Slots are handed out
+under a lock when a forward begins (`scoring`), so concurrent forwards write disjoint slots. Growth
+doubles a storage tensor and copies it, which would lose what a forward in flight writes into the old
+one, so growth waits until no forward of the pool is in flight. The table and the counts live on the
+CPU and are touched only under the lock; the storage lives on the model's device.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+MIN_SLOTS = 1024
+MIN_WIDTH = 256
+MIN_LINES = 16
+
+
+class Line:
+    """A row's place in the pool: its table line and how many slots it holds (its history length)."""
+
+    __slots__ = ("pool", "index", "length")
+
+    def __init__(self, pool: "KVPool", index: int, length: int = 0):
+        self.pool, self.index, self.length = pool, index, length
+
+
+@dataclass
+class ScoringPlan:
+    """The slots of one forward: where each row's new entries go and what every row reads afterwards."""
+
+    write_slots: torch.Tensor  # [sum n_new] on the storage device, the rows' new entries in packed order
+    read_index: torch.Tensor  # [rows, longest history] on the storage device; padding reads slot 0 (masked)
+    lengths: list[int]  # each row's history length after the forward
+
+
+class KVPool:
+    """The KV storage of one model (see the module doc)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> [capacity, kv_heads, head_dim]
+        self.values: dict[int, torch.Tensor] = {}
+        self.capacity = 0
+        self.refs = torch.zeros(0, dtype=torch.int32)  # per slot: how many table lines hold it
+        self.free = torch.zeros(0, dtype=torch.long)  # a stack of free slots: free[:n_free]
+        self.n_free = 0
+        self.table = torch.zeros(0, MIN_WIDTH, dtype=torch.long)
+        self.free_lines: list[int] = []
+        self.copy_s = 0.0  # seconds spent growing the storage (the one KV copy left)
+        self._cond = threading.Condition()
+        self._create = threading.Lock()
+        self._in_flight = 0
+        self._released: list[Line] = []  # lines of rows collected since the last drain
+
+    # ------------------------------------------------------------------ lines
+    # the table and counts are bookkeeping, updated in place from any mode: never inference tensors
+    @torch.inference_mode(False)
+    def new_line(self, owner) -> Line:
+        """An empty line for the row `owner`; its slots are freed when `owner` is collected."""
+        with self._cond:
+            return self._line(owner, 0)
+
+    @torch.inference_mode(False)
+    def fork_line(self, owner, parent: Line, length: int) -> Line:
+        """A line whose history is the first `length` slots of `parent`'s (shared: counted, not copied)."""
+        with self._cond:
+            line = self._line(owner, length)
+            self._ensure_width(length)
+            shared = self.table[parent.index, :length]
+            self.table[line.index, :length] = shared
+            self.refs.index_add_(0, shared, torch.ones(length, dtype=torch.int32))
+            return line
+
+    def _line(self, owner, length: int) -> Line:
+        self._drain()
+        if not self.free_lines:
+            old = self.table.shape[0]
+            grown = torch.zeros(max(MIN_LINES, 2 * old), self.table.shape[1], dtype=torch.long)
+            grown[:old] = self.table
+            self.table = grown
+            self.free_lines = list(range(grown.shape[0] - 1, old - 1, -1))
+        line = Line(self, self.free_lines.pop(), length)
+        # a row is let go by the garbage collector, on any thread, maybe while this lock is held:
+        # the finalizer only queues its line (list.append is atomic), the next pool call frees it
+        weakref.finalize(owner, self._released.append, line)
+        return line
+
+    @torch.inference_mode(False)
+    def collect(self) -> None:
+        """Free now what rows collected since the last pool call held (every pool call does it first)."""
+        with self._cond:
+            self._drain()
+
+    def _drain(self) -> None:
+        while self._released:
+            line = self._released.pop()
+            if line.length:
+                self._unref(self.table[line.index, :line.length])
+            line.length = 0
+            self.free_lines.append(line.index)
+
+    def _unref(self, slots: torch.Tensor) -> None:
+        self.refs.index_add_(0, slots, torch.full(slots.shape, -1, dtype=torch.int32))
+        freed = slots[self.refs[slots] == 0]
+        self.free[self.n_free: self.n_free + freed.numel()] = freed
+        self.n_free += freed.numel()
+
+    @torch.inference_mode(False)
+    def keep(self, line: Line, start: int, entries: list[int]) -> None:
+        """Entries start+entries[i] of `line` move to start+i; every other entry from `start` on is dropped."""
+        with self._cond:
+            tail = self.table[line.index, start:line.length].clone()
+            kept = tail[torch.tensor(entries, dtype=torch.long)] if entries else tail[:0]
+            dropped = torch.ones(tail.numel(), dtype=torch.bool)
+            dropped[entries] = False
+            self.table[line.index, start:start + len(entries)] = kept
+            line.length = start + len(entries)
+            if bool(dropped.any()):
+                self._unref(tail[dropped])
+
+    def slots_of(self, line: Line) -> torch.Tensor:
+        with self._cond:
+            return self.table[line.index, :line.length].clone()
+
+    # ------------------------------------------------------------------ forwards
+    @contextmanager
+    def scoring(self, lines: list[Line], n_new: list[int]):
+        """Hand out slots for a forward that adds n_new[b] entries to row b; yields a ScoringPlan.
+        The rows' lengths grow at once: the forward writes every layer before anyone reads them."""
+        total = sum(n_new)
+        with self._cond, torch.inference_mode(False):
+            self._drain()
+            if self.n_free < total:
+                while self._in_flight:  # growth copies the storage: no forward may be writing into it
+                    self._cond.wait()
+                self._grow(total)
+            slots = self.free[self.n_free - total: self.n_free].flip(0)  # lowest first: the stack's top
+            self.n_free -= total
+            self.refs[slots] = 1
+            lengths = [line.length + n for line, n in zip(lines, n_new)]
+            self._ensure_width(max(lengths, default=0))
+            if total:
+                rows = torch.tensor([line.index for line, n in zip(lines, n_new) for _ in range(n)])
+                cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
+                self.table[rows, cols] = slots
+            for line, length in zip(lines, lengths):
+                line.length = length
+            width = max(lengths, default=0)
+            read = self.table[[line.index for line in lines], :width]
+            # a row shorter than the longest reads slot 0 past its end: its mask hides those keys
+            read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], 0)
+            self._in_flight += 1
+        try:
+            yield ScoringPlan(slots.to(self.device), read.to(self.device), lengths)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def _grow(self, need: int) -> None:
+        start = time.perf_counter()
+        old = self.capacity
+        capacity = max(MIN_SLOTS, 2 * old, old + 2 * need)
+        for store in (self.keys, self.values):
+            for layer, tensor in store.items():
+                grown = tensor.new_empty((capacity,) + tensor.shape[1:])
+                grown[:old] = tensor
+                store[layer] = grown
+        refs = torch.zeros(capacity, dtype=torch.int32)
+        refs[:old] = self.refs
+        free = torch.empty(capacity, dtype=torch.long)
+        free[: self.n_free] = self.free[: self.n_free]
+        free[self.n_free: self.n_free + capacity - old] = torch.arange(capacity - 1, old - 1, -1)
+        self.refs, self.free, self.n_free, self.capacity = refs, free, self.n_free + capacity - old, capacity
+        if old:
+            self.copy_s += time.perf_counter() - start
+
+    def _ensure_width(self, width: int) -> None:
+        if width > self.table.shape[1]:
+            grown = torch.zeros(self.table.shape[0], max(2 * self.table.shape[1], width), dtype=torch.long)
+            grown[:, : self.table.shape[1]] = self.table
+            self.table = grown
+
+    # ------------------------------------------------------------------ storage
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store new entries keys [n, kv_heads, head_dim] (values likewise) at `slots`, in place."""
+        if layer not in self.keys:
+            with self._create:  # two threads may bring the same layer's first entries
+                if layer not in self.keys:
+                    self.values[layer] = values.new_empty((self.capacity,) + values.shape[1:])
+                    self.keys[layer] = keys.new_empty((self.capacity,) + keys.shape[1:])
+        with _writable(self.keys[layer]):
+            self.keys[layer].index_copy_(0, slots, keys)
+            self.values[layer].index_copy_(0, slots, values)
+
+    def read(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The entries at `index` (any shape): keys [*index.shape, kv_heads, head_dim], values likewise."""
+        keys, values = self.keys[layer], self.values[layer]
+        flat = index.reshape(-1)
+        return (keys.index_select(0, flat).view(*index.shape, *keys.shape[1:]),
+                values.index_select(0, flat).view(*index.shape, *values.shape[1:]))
+
+    def has_layer(self, layer: int) -> bool:
+        return layer in self.keys
+
+    def bytes_per_slot(self) -> int:
+        return sum(t.shape[1:].numel() * t.element_size() for store in (self.keys, self.values) for t in store.values())
+
+
+def _writable(buffer: torch.Tensor):
+    """Buffers allocated under torch.inference_mode (pipeline stages) may only be written in it."""
+    return torch.inference_mode(buffer.is_inference())
+
+
+_pools: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_pools_lock = threading.Lock()
+
+
+def pool_of(model) -> KVPool:
+    """The pool of `model`'s KV storage (one per model object, made on first use)."""
+    pool = _pools.get(model)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(model)
+            if pool is None:
+                device = getattr(model, "device", None)
+                if device is None:
+                    device = next(model.parameters()).device
+                pool = _pools[model] = KVPool(device)
+    return pool
