@@ -167,7 +167,7 @@ def test_synchronous_callers_on_several_threads_share_one_scheduler(setup):
 
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_batched_and_concurrent_seed_samples_follow_the_target_distribution(concurrent):
-    """2500 sampled continuations through batched drafting and verification (and, concurrent=True,
+    """SAMPLES sampled continuations through batched drafting and verification (and, concurrent=True,
     split over 5 concurrent calls sharing the scheduler) lie within the TV bound of the exact
     target distribution, while the draft's own distribution lies outside it."""
     from collections import Counter

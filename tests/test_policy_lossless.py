@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from test_sampling_lossless import PROMPT, SETTINGS, exact_distribution, pair, tv, tv_bound  # noqa: F401 (pair: a fixture)
+from test_sampling_lossless import PROMPT, SAMPLES, SETTINGS, exact_distribution, pair, tv, tv_bound  # noqa: F401 (pair: a fixture)
 from seed_tot import Engine
 from seed_tot.engine.policies.auto import AutoPolicy, Costs
 from seed_tot.engine.policies.base import HiddenCapture
@@ -25,7 +25,6 @@ def _policy(name: str, draft):
     return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2)
 
 
-SAMPLES = 800  # the bound widens as 1/sqrt(SAMPLES); fewer than the fixed-policy test, to stay fast
 CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]
          + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature"), ("auto-load", "seed", "temperature")])
 
