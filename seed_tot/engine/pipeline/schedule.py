@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..sampling import process_logits
-from ..speculative import _commit_draft, draft_round
+from ..speculative import commit_draft, draft_round
 from ..verify import accept_tokens
 from .roles import Message, prompt_message
 
@@ -120,7 +120,7 @@ def run_stpp(roles, comm, n_stages: int, k_config: tuple[int, ...]) -> PipelineS
         acc = comm.share_acceptance(roles, acc)
         for role in roles:
             if role.is_draft:
-                _commit_draft(role.seq, acc, node_entry)
+                commit_draft(role.seq, acc, node_entry)
             else:
                 role.cache.retain([0] + [i + 1 for i in acc.path], [])
                 role.logits = {}
