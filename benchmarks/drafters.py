@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from seed_tot import Engine, SamplingParams
+from seed_tot import DecodeSpec, Engine, SamplingParams
 from seed_tot.bench import (ModeSpec, bench_modes, format_table, summarize_reports, thoughts_workload,
                             tot_step_workload, tot_workload)
 from seed_tot.engine.drafters import load_drafter
@@ -43,11 +43,12 @@ def specs_for(name: str, drafter, modes: list[str], ps_ks: list[int], chain: int
     for mode in modes:  # seed as the paper runs it (one worker per sequence, db1 vb1): the drafters' own costs
         if n_masks:
             out += [ModeSpec(f"{mode} {name} k={k}" + ("" if cut == "none" else f" cut={cut}")
-                             + ("" if p == 1 else f" passes={p}") + (f" lookup={n}" if n else ""), mode, (1,), None, 1, 1,
-                             "parallelspec", (("depth", str(k + 1)), ("cut", cut), ("passes", str(p)), ("lookup", str(n))))
+                             + ("" if p == 1 else f" passes={p}") + (f" lookup={n}" if n else ""),
+                             DecodeSpec(mode, (1,), None, 1, 1, "parallelspec",
+                                        {"depth": str(k + 1), "cut": cut, "passes": str(p), "lookup": str(n)}))
                     for n in lookups for p in passes for cut in cuts for k in ps_ks if k <= n_masks]
         else:
-            out.append(ModeSpec(f"{mode} {name} chain={chain}", mode, (1,) * chain, None, 1, 1, None, ()))
+            out.append(ModeSpec(f"{mode} {name} chain={chain}", DecodeSpec(mode, (1,) * chain, None, 1, 1)))
     return out
 
 
@@ -114,7 +115,7 @@ def main() -> None:
         for engine in engines.values():
             if getattr(engine.draft, "n_masks", 0):
                 base.on_forward_thread(load_costs, engine)
-    ar = bench_modes(base, run, [ModeSpec("ar", "ar", (1,), None, 1, 1, None, ())], args.repeats, warmup=args.warmup)
+    ar = bench_modes(base, run, [ModeSpec("ar", DecodeSpec("ar", (1,), None, 1, 1))], args.repeats, warmup=args.warmup)
     greedy = args.temperature == 0
     rows = [{**summarize_reports(ar, greedy, None, tot)[0], "drafter": "none"}]
     for name, engine in engines.items():

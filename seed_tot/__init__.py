@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Engine", "GenerationResult", "GenerationStats", "SamplingParams"]
+__all__ = ["DecodeSpec", "Engine", "GenerationResult", "GenerationStats", "SamplingParams"]
 
 if TYPE_CHECKING:
-    from .engine import Engine, GenerationResult, GenerationStats, SamplingParams
+    from .engine import DecodeSpec, Engine, GenerationResult, GenerationStats, SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -45,16 +45,17 @@ import resource
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from seed_tot.bench_workloads import Workload, thoughts_workload, tot_step_workload, tot_workload
-from seed_tot.cli_options import (check_mode_options, given_options, load_engine, model_options, one_of_later,
-                                  parse_batch, parse_k_config)
-from seed_tot.engine.params import DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams
+from seed_tot.cli_options import (check_mode_options, decode_setting, given_options, load_engine, model_options,
+                                  one_of_later, parse_k_config)
+from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
+from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
@@ -67,32 +68,24 @@ _SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w
 
 @dataclass(frozen=True)
 class ModeSpec:
+    """One --modes entry: its label, the DecodeSpec every engine call of its runs gets, and the
+    run settings that are bench's own."""
+
     label: str
-    mode: str
-    k_config: tuple[int, ...]
-    n_workers: int | None
-    verify_batch: int | str | None  # None: every queued draft; "auto": the engine's default
-    draft_batch: int | str | None = 1  # None: every ready worker
-    draft_policy: str | None = None  # None: the engine's default
-    policy_options: tuple[tuple[str, str], ...] = ()
+    decode: DecodeSpec
     concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
     prefix_cache: bool = True  # @pc0: no prompt stretches kept across calls (shared_prefill.PrefixStore)
 
-    @property
-    def engine_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of Engine.generate this spec sets."""
-        policy = ({"draft_policy": self.draft_policy, "policy_options": dict(self.policy_options)}
-                  if self.draft_policy else {})
-        return dict(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
-                    verify_batch=self.verify_batch, draft_batch=self.draft_batch, **policy)
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **self.decode.to_dict(), "concurrency": self.concurrency,
+                "prefix_cache": self.prefix_cache}
 
 
-def _batch(value: str) -> int | str | None:
-    return None if value == "all" else value if value == "auto" else int(value)
+_SUFFIX_SETTINGS = {"w": "n_workers", "vb": "verify_batch", "db": "draft_batch"}
 
 
-def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, verify_batch: int | None,
-                draft_batch: int | None = 1) -> list[ModeSpec]:
+def parse_modes(text: str, defaults: DecodeSpec) -> list[ModeSpec]:
+    """The --modes entries; a setting an entry does not give comes from `defaults` (the flags)."""
     specs: list[ModeSpec] = []
     for label in (part.strip() for part in text.split(",")):
         m = _SPEC.match(label)
@@ -104,26 +97,27 @@ def parse_modes(text: str, k_config: tuple[int, ...], n_workers: int | None, ver
         prefix_cache = opts.pop("pc", "1") == "1"
         if concurrency is not None and concurrency <= 0:
             raise click.BadParameter(f"{label!r}: @c needs at least one problem at once", param_hint="--modes")
-        from seed_tot.engine.policies import POLICIES
-        if m["policy"] and (m["mode"] not in DRAFTING_MODES or m["policy"] not in POLICIES):
-            raise click.BadParameter(f"{label!r}: +{m['policy']} needs a drafting mode ({', '.join(DRAFTING_MODES)}) "
-                                     f"and one of the policies {', '.join(POLICIES)}", param_hint="--modes")
+        if m["policy"] and m["mode"] not in DRAFTING_MODES:
+            raise click.BadParameter(f"{label!r}: +{m['policy']} needs a drafting mode ({', '.join(DRAFTING_MODES)})",
+                                     param_hint="--modes")
         if (m["k"] or opts) and m["mode"] not in DRAFTING_MODES:
             raise click.BadParameter(f"{label!r}: {m['mode']} drafts nothing, it takes no :K or @ settings",
                                      param_hint="--modes")
         if opts and m["mode"] != "seed":
             raise click.BadParameter(f"{label!r}: @w, @vb and @db are SEED settings", param_hint="--modes")
-        k = tuple(int(c) for c in m["k"].split("-")) if m["k"] else k_config
-        if any(c <= 0 for c in k) or any(v != "all" and int(v) <= 0 for v in opts.values()) or opts.get("w") == "all":
-            raise click.BadParameter(f"{label!r}: tree widths, workers and batch must be positive",
-                                     param_hint="--modes")
+        changes = {_SUFFIX_SETTINGS[key]: value for key, value in opts.items()}
+        if m["k"]:
+            changes["k_config"] = m["k"].split("-")
+        if m["policy"]:
+            changes.update(draft_policy=m["policy"],
+                           policy_options=[kv.split("=", 1) for kv in (m["popts"] or "").split(":") if kv])
+        try:
+            decode = defaults.replace(mode=m["mode"], **changes)
+        except DecodeSpecError as err:
+            raise click.BadParameter(f"{label!r}: {err}", param_hint="--modes") from None
         if any(s.label == label for s in specs):
             raise click.BadParameter(f"{label!r} is listed twice", param_hint="--modes")
-        specs.append(ModeSpec(label, m["mode"], k, int(opts["w"]) if "w" in opts else n_workers,
-                              _batch(opts["vb"]) if "vb" in opts else verify_batch,
-                              _batch(opts["db"]) if "db" in opts else draft_batch, m["policy"],
-                              tuple(tuple(kv.split("=", 1)) for kv in (m["popts"] or "").split(":") if kv),
-                              concurrency, prefix_cache))
+        specs.append(ModeSpec(label, decode, concurrency, prefix_cache))
     return specs
 
 
@@ -136,9 +130,8 @@ class _CallLog:
     def render_prompt(self, *args, **kwargs) -> str:
         return self.engine.render_prompt(*args, **kwargs)
 
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **kwargs) -> list[GenerationResult]:
-        results = self.engine.generate(prompts, params, mode=mode, k_config=k_config, n_workers=n_workers,
-                                       verify_batch=verify_batch, **kwargs)
+    def generate(self, prompts, params, *, spec: DecodeSpec) -> list[GenerationResult]:
+        results = self.engine.generate(prompts, params, spec=spec)
         self.calls.append(results)
         return results
 
@@ -260,12 +253,12 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                       problems: int | None = None) -> list[dict]:
     """One row per mode. Greedy outputs are checked against ar's, or where ar is not in the run
     against parallel's (greedy batched AR, which the tests prove token-identical to ar)."""
-    ref = {m: next((r for r in reports if r.spec.mode == m), None) for m in ("ar", "parallel")}
+    ref = {m: next((r for r in reports if r.spec.decode.mode == m), None) for m in ("ar", "parallel")}
     reference = "ar" if ref["ar"] else "parallel"
     rows = []
     for r in reports:
         total = r.totals()
-        row: dict[str, Any] = {**asdict(r.spec), "walls_s": [x.wall_s for x in r.runs], "wall_median_s": r.median,
+        row: dict[str, Any] = {**r.spec.to_dict(), "walls_s": [x.wall_s for x in r.runs], "wall_median_s": r.median,
                                "wall_min_s": min(x.wall_s for x in r.runs), "wall_max_s": max(x.wall_s for x in r.runs)}
         for m, other in ref.items():
             row[f"speedup_vs_{m}"] = other.median / r.median if other and r.median > 0 else None
@@ -283,9 +276,10 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    prompt_tokens_scored_per_run=round(total.target_prefill_tokens / len(r.runs), 3),
                    target_prefill_s_per_run=total.target_prefill_s / len(r.runs),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
-        if r.spec.mode in DRAFTING_MODES and synthetic:
+        decode = r.spec.decode
+        if decode.mode in DRAFTING_MODES and synthetic:
             from seed_tot.engine.synthetic import expected_acceptance
-            k = (1,) * len(r.spec.k_config) if r.spec.mode == "sd" else r.spec.k_config
+            k = (1,) * len(decode.k_config) if decode.mode == "sd" else decode.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
         if problems:
             row["problems_per_hour"] = problems * 3600 / r.median if r.median > 0 else None
@@ -383,9 +377,9 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Default draft-tree shape of sd (its depth), mcsd and seed.")
 @click.option("--n-workers", type=click.IntRange(min=1), default=None,
               help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", callback=parse_batch, default="auto", show_default=True,
+@click.option("--verify-batch", callback=decode_setting("verify_batch"), default="auto", show_default=True,
               help="SEED drafts verified per target forward (a number, 'all', or 'auto': the engine's default).")
-@click.option("--draft-batch", callback=parse_batch, default="auto", show_default=True,
+@click.option("--draft-batch", callback=decode_setting("draft_batch"), default="auto", show_default=True,
               help="SEED ready workers drafted per draft forward (a number, 'all' or 'auto').")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
@@ -414,9 +408,10 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
           synthetic, alpha, jsonl_file):
     """Benchmark the decoding modes on one workload and print a table."""
-    specs = parse_modes(modes, k_config, n_workers, _batch(str(verify_batch)), _batch(str(draft_batch)))
+    specs = parse_modes(modes, DecodeSpec(k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
+                                          draft_batch=draft_batch))
     ctx = click.get_current_context()
-    check_mode_options(ctx, [s.mode for s in specs])
+    check_mode_options(ctx, [s.decode.mode for s in specs])
     solves = tuple(w for w in WORKLOADS if w.startswith("tot-") and w != "tot-step")
     check_mode_options(ctx, [workload], dict.fromkeys(("limit", "concurrency", "output_dir"), solves), "workload")
     if not synthetic and "alpha" in given_options(ctx):
@@ -433,7 +428,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
         click.echo(synthetic_banner(synthetic, alpha))
     else:
-        engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.mode for s in specs])
+        engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs])
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None

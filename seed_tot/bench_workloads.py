@@ -6,6 +6,7 @@ there are none to compare (thoughts, tot-step: bench compares their tokens inste
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -51,7 +52,7 @@ def thoughts_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
     def run(eng, spec: ModeSpec, index: int) -> None:
         for batch in ([thought] * 3, value_prompts):
-            eng.generate(batch, params, **spec.engine_kwargs)
+            eng.generate(batch, params, spec=spec.decode)
         return None
 
     return run, (f"1 thought batch (3 x the same GSM8K thought prompt, example {example.id}) + 1 value batch "
@@ -77,15 +78,11 @@ def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
     def run(eng, spec: ModeSpec, index: int) -> None:
         for batch in (thoughts, values):
-            eng.generate(batch, params, **spec.engine_kwargs)
+            eng.generate(batch, params, spec=spec.decode)
         return None
 
     return run, (f"1 ToT step at breadth 3 (GSM8K example {example.id}): 9 thought sequences (3 states x 3) + "
                  f"9 value prompts, {params.max_new_tokens} new tokens each")
-
-
-def _all_or(batch: int | str | None) -> int | str:
-    return "all" if batch is None else batch
 
 
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
@@ -103,10 +100,7 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
     examples = task.load(data, limit=limit)
 
     def run(eng, spec: ModeSpec, index: int) -> list[str]:
-        # apply_overrides reads None as "not given": a spec's None ("all") must reach the config as "all"
-        s = apply_overrides(settings, mode=spec.mode, k_config=spec.k_config, n_workers=spec.n_workers,
-                            verify_batch=_all_or(spec.verify_batch), draft_batch=_all_or(spec.draft_batch),
-                            draft_policy=spec.draft_policy, policy_options=dict(spec.policy_options) or None)
+        s = dataclasses.replace(settings, decode=spec.decode)  # the mode's spec, not the config's decoding keys
         out = out_root / f"{re.sub(r'[^A-Za-z0-9]+', '_', spec.label)}-{index}"
         solve_dataset(eng, task, examples, settings=s, output_dir=out, concurrency=spec.concurrency or concurrency)
         lines = (out / "results.jsonl").read_text(encoding="utf-8").splitlines()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, load_engine,
-                                  model_options, parse_batch, parse_k_config, pipeline_options, policy_kwargs,
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, decode_setting,
+                                  load_engine, model_options, parse_k_config, pipeline_options, policy_kwargs,
                                   policy_options)
-from seed_tot.engine.params import DRAFTING_MODES, MODES
+from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.view.command import view_command, write_run_page
 
@@ -56,10 +56,11 @@ _GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"),
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1 = off).")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True, help="New tokens per sequence at most.")
 @click.option("--num-samples", "-n", type=int, default=1, show_default=True, help="Copies of the prompt (a ToT thought batch).")
-@click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: all).")
-@click.option("--verify-batch", callback=parse_batch, default="auto", show_default=True,
+@click.option("--n-workers", type=int, callback=decode_setting("n_workers"), default=None,
+              help="SEED draft workers running at once (default: all).")
+@click.option("--verify-batch", callback=decode_setting("verify_batch"), default="auto", show_default=True,
               help="SEED: queued drafts verified per target forward (a number, 'all', or 'auto': all where exact).")
-@click.option("--draft-batch", callback=parse_batch, default="auto", show_default=True,
+@click.option("--draft-batch", callback=decode_setting("draft_batch"), default="auto", show_default=True,
               help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: a thread per worker).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
@@ -88,13 +89,12 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=["ar" if mode == "pp" else "sd"])
         rendered = text if raw else engine.render_prompt(text)
         return _run_pipeline(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
-    policy = policy_kwargs(draft_policy, policy_option, head_dir)
+    spec = DecodeSpec(mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
+                      draft_batch=draft_batch, **policy_kwargs(draft_policy, policy_option, head_dir))
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
-        results = engine.generate([rendered] * num_samples, params, mode=mode, k_config=k_config,
-                                  n_workers=n_workers, verify_batch=None if verify_batch == "all" else verify_batch,
-                                  draft_batch=None if draft_batch == "all" else draft_batch, **policy)
+        results = engine.generate([rendered] * num_samples, params, spec=spec)
         tracer.add_call(mode, results)
     for i, r in enumerate(results):
         if as_json:
@@ -146,9 +146,12 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None, help="Tree search (default: the config's).")
 @click.option("--temperature", type=float, default=None, help="Of every call, 0 = greedy (default: the config's).")
 @click.option("--max-new-tokens", type=int, default=None, help="Caps every call (default: the config's).")
-@click.option("--n-workers", type=int, default=None, help="SEED draft workers running at once (default: the config's).")
-@click.option("--verify-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
-@click.option("--draft-batch", callback=parse_batch, default=None, help="SEED: a number, 'all' or 'auto' (default: the config's).")
+@click.option("--n-workers", type=int, callback=decode_setting("n_workers"), default=None,
+              help="SEED draft workers running at once (default: the config's).")
+@click.option("--verify-batch", callback=decode_setting("verify_batch"), default=None,
+              help="SEED: a number, 'all' or 'auto' (default: the config's).")
+@click.option("--draft-batch", callback=decode_setting("draft_batch"), default=None,
+              help="SEED: a number, 'all' or 'auto' (default: the config's).")
 @click.option("--seed", type=int, default=None, help="Base seed; each problem's comes from it and its id (default: the config's).")
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Directory for results.jsonl and summary.json.")
 @click.option("--resume", is_flag=True, help="Skip problems already in OUTPUT/results.jsonl.")
@@ -188,8 +191,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if ray_address is not None and trace_dir is not None:
         raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
-    check_mode_options(click.get_current_context(), [mode or settings.mode])
-    _warn_unused_settings(settings, mode or settings.mode)
+    check_mode_options(click.get_current_context(), [mode or settings.decode.mode])
+    _warn_unused_settings(settings, mode or settings.decode.mode)
     results = Path(output) / "results.jsonl"
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
@@ -205,7 +208,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
             write_run_page(output, task)
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
         return
-    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.mode])
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.decode.mode])
     start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
@@ -228,13 +231,11 @@ def _echo_summary(summary: dict, output: str, as_json: bool, wall_s: float) -> N
 def _warn_unused_settings(settings, mode: str) -> None:
     """One line for the config's mode-specific settings that `mode` ignores (the shipped configs'
     values equal the defaults, so they warn only where a config was written for another mode)."""
-    from seed_tot.search.config import RunSettings
-
-    defaults = RunSettings()
+    defaults = DecodeSpec()
     fields = {"policy_option": "policy_options", "head_dir": None}  # option -> setting; --head has none
-    ignored = [f"{field}={getattr(settings, field)}" for name, users in MODE_OPTIONS.items()
+    ignored = [f"{field}={getattr(settings.decode, field)}" for name, users in MODE_OPTIONS.items()
                if (field := fields.get(name, name)) and mode not in users
-               and getattr(settings, field) != getattr(defaults, field)]
+               and getattr(settings.decode, field) != getattr(defaults, field)]
     if ignored:
         log.warning("%s: mode %s does not use %s", settings.source or "config", mode, ", ".join(ignored))
 
@@ -242,12 +243,11 @@ def _warn_unused_settings(settings, mode: str) -> None:
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
                   cpus_per_worker, concurrency):
     """solve --ray: the driver loads no model; each actor builds its engine from the same options."""
-    from seed_tot.engine.params import DRAFTING_MODES
     from seed_tot.search.distributed import EngineSpec, RayRunError, solve_on_ray
 
     target, draft, draft_layers, device, dtype = model
     spec = EngineSpec(target=target, draft=draft, draft_layers=draft_layers, device=device, dtype=dtype,
-                      load_draft=settings.mode in DRAFTING_MODES)
+                      load_draft=settings.decode.mode in DRAFTING_MODES)
     try:
         return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
                             workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0,

@@ -5,21 +5,25 @@ import importlib
 
 import click
 
-from seed_tot.engine.params import DRAFTING_MODES, MODES
+from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
 
 MODE_CHOICE = click.Choice(MODES)
 
 
-def parse_k_config(ctx, param, value):
-    if value is None:
-        return None
-    try:
-        k = tuple(int(x) for x in str(value).replace(" ", "").strip("()").split(",") if x)
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated positive integers like 2,2,1, got {value!r}") from None
-    if not k or any(c <= 0 for c in k):
-        raise click.BadParameter(f"expected comma-separated positive integers like 2,2,1, got {value!r}")
-    return k
+def decode_setting(setting: str):
+    """A click callback: the option's value in DecodeSpec's canonical form (None: not given), or a
+    usage error naming the flag. The spec built from these values checks nothing twice."""
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return DecodeSpec.canonical(setting, value)
+        except DecodeSpecError as err:
+            raise click.BadParameter(str(err)) from None
+    return parse
+
+
+parse_k_config = decode_setting("k_config")
 
 
 def model_options(fn):
@@ -54,7 +58,7 @@ def one_of_later(module: str, attribute: str):
 def policy_options(fn):
     """--draft-policy/--policy-option/--head: how sd, mcsd and seed plan their drafts."""
     for option in reversed([
-        click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.policies", "POLICIES"), default=None,
+        click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.decode_spec", "POLICIES"), default=None,
                      help="fixed (k_config shapes, the default), opt-tree, specdec, auto, parallelspec "
                           "(the default with a ParallelSpec --draft DIR), or lookup (prompt lookup, no draft model; "
                           "the default with --draft lookup)."),
@@ -142,18 +146,3 @@ def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES
 
 DEFAULT_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                   "How many clips did Natalia sell altogether in April and May?")
-
-
-def parse_batch(ctx, param, value):
-    """--verify-batch / --draft-batch: a positive number, 'all' (every queued draft / ready worker) or
-    'auto' (batched where the models take it exactly: Engine.resolve_batches).
-    Returns an int, the string 'all' or 'auto', or None when not given."""
-    if value is None or value in ("all", "auto"):
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise click.BadParameter(f"{value!r} is not a positive number, 'all' or 'auto'")
-    return number

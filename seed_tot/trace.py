@@ -127,12 +127,12 @@ class TracedEngine:
     def render_prompt(self, *args, **kwargs) -> str:
         return self._engine.render_prompt(*args, **kwargs)
 
-    def generate(self, prompts, params=None, mode: str = "ar", k_config=(1, 1, 1), n_workers: int | None = None,
-                 verify_batch: int | str | None = "auto", **engine_options) -> list[GenerationResult]:
+    def generate(self, prompts, params=None, *args, spec=None, **decode) -> list[GenerationResult]:
+        """Engine.generate's arguments, passed on as given (a DecodeSpec or the keyword settings)."""
         start = self._recorder.now()
-        results = self._engine.generate(prompts, params, mode=mode, k_config=k_config, n_workers=n_workers,
-                                        verify_batch=verify_batch, **engine_options)
+        results = self._engine.generate(prompts, params, *args, spec=spec, **decode)
         end = self._recorder.now()
+        mode = spec.mode if spec is not None else (args[0] if args else decode.get("mode", "ar"))
         self._recorder.add_call(self._label or mode, results, start=start, end=end, prompts=list(prompts))
         return results
 

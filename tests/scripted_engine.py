@@ -5,6 +5,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
 # respond(user_message, copy_index) -> reply; copy_index counts earlier identical prompts of the
@@ -16,10 +17,7 @@ Responder = Callable[[str, int], str]
 class RecordedCall:
     prompts: list[str]
     params: SamplingParams
-    mode: str
-    k_config: tuple[int, ...]
-    n_workers: int | None
-    verify_batch: int
+    spec: DecodeSpec
 
 
 class ScriptedEngine:
@@ -34,11 +32,10 @@ class ScriptedEngine:
     def user_of(rendered: str) -> str:
         return rendered.removeprefix("<user>").split("</user>")[0]
 
-    def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
-                 n_workers: int | None, verify_batch: int, **engine_options) -> list[GenerationResult]:
+    def generate(self, prompts: list[str], params: SamplingParams, *, spec: DecodeSpec) -> list[GenerationResult]:
         if not prompts:
             raise ValueError("prompts is empty")  # like the real engine
-        self.calls.append(RecordedCall(list(prompts), params, mode, tuple(k_config), n_workers, verify_batch))
+        self.calls.append(RecordedCall(list(prompts), params, spec))
         copies: Counter[str] = Counter()
         results = []
         for prompt in prompts:

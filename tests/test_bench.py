@@ -11,6 +11,9 @@ from click.testing import CliRunner
 
 from seed_tot import SamplingParams
 from seed_tot.bench import parse_modes
+from seed_tot.engine.decode_spec import DecodeSpec
+
+ONE_BY_ONE = DecodeSpec(verify_batch=1, draft_batch=1)  # --modes defaults: the paper's SEED execution
 from seed_tot.cli import main
 from seed_tot.engine import summarize
 from seed_tot.engine.synthetic import PRESETS, build_model, build_synthetic_engine, expected_acceptance, target_token
@@ -116,8 +119,8 @@ def test_synthetic_refuses_real_model_flags():
 
 # --------------------------------------------------------------------------- mode specs
 def test_mode_specs_carry_their_own_settings():
-    specs = parse_modes("ar,mcsd:2-2-1,seed,seed:3-1@w2@vb4", (1, 1, 1), None, 1)
-    assert [(s.label, s.mode, s.k_config, s.n_workers, s.verify_batch) for s in specs] == [
+    specs = parse_modes("ar,mcsd:2-2-1,seed,seed:3-1@w2@vb4", ONE_BY_ONE)
+    assert [(s.label, s.decode.mode, s.decode.k_config, s.decode.n_workers, s.decode.verify_batch) for s in specs] == [
         ("ar", "ar", (1, 1, 1), None, 1), ("mcsd:2-2-1", "mcsd", (2, 2, 1), None, 1),
         ("seed", "seed", (1, 1, 1), None, 1), ("seed:3-1@w2@vb4", "seed", (3, 1), 2, 4)]
 
@@ -125,7 +128,7 @@ def test_mode_specs_carry_their_own_settings():
 @pytest.mark.parametrize("bad", ["beam", "ar:2-2", "sd@vb2", "seed:0-1", "seed@vb0", "seed,seed", "seed:2,2"])
 def test_bad_mode_specs_are_rejected(bad):
     with pytest.raises(click.BadParameter):
-        parse_modes(bad, (1, 1, 1), None, 1)
+        parse_modes(bad, ONE_BY_ONE)
 
 
 # --------------------------------------------------------------------------- the oracle
@@ -189,7 +192,7 @@ def test_a_mode_with_different_tokens_is_reported_as_not_matching():
 
     def report(mode: str, tokens: list[list[int]]) -> ModeReport:
         stats = GenerationStats(new_tokens=2, verifications=2, target_forwards=2, target_busy_s=0.5, wall_s=1.0)
-        return ModeReport(ModeSpec(mode, mode, (1,), None, 1), [RunOutput(1.0, stats, tokens, None)])
+        return ModeReport(ModeSpec(mode, DecodeSpec(mode, (1,), verify_batch=1)), [RunOutput(1.0, stats, tokens, None)])
 
     reports = [report("ar", [[1, 2]]), report("sd", [[1, 2]]), report("seed", [[1, 3]])]
     rows = summarize_reports(reports, greedy=True, synthetic=None, tot=False)
@@ -208,12 +211,12 @@ def test_tokens_per_second_uses_the_median_run(thoughts_run):
 
 
 def test_batch_suffixes_set_draft_and_verify_batch_per_mode():
-    specs = parse_modes("seed@db1@vb1,seed@dball@vball,seed@db3", (1, 1, 1), None, 1, None)
-    assert [(s.label, s.draft_batch, s.verify_batch) for s in specs] == [
-        ("seed@db1@vb1", 1, 1), ("seed@dball@vball", None, None), ("seed@db3", 3, 1)]
+    specs = parse_modes("seed@db1@vb1,seed@dball@vball,seed@db3", DecodeSpec(verify_batch=1, draft_batch="all"))
+    assert [(s.label, s.decode.draft_batch, s.decode.verify_batch) for s in specs] == [
+        ("seed@db1@vb1", 1, 1), ("seed@dball@vball", "all", "all"), ("seed@db3", 3, 1)]
     for bad in ("seed@db0", "seed@dbx", "sd@db2", "seed@wall"):
         with pytest.raises(click.BadParameter):
-            parse_modes(bad, (1, 1, 1), None, 1)
+            parse_modes(bad, ONE_BY_ONE)
 
 
 def test_tot_step_workload_runs_18_sequences_and_batched_seed_matches_ar(tmp_path):
@@ -229,14 +232,14 @@ def test_tot_step_workload_runs_18_sequences_and_batched_seed_matches_ar(tmp_pat
 
 
 def test_policy_suffix_names_a_draft_policy_and_its_options():
-    specs = parse_modes("sd+auto,seed@dball+opt-tree:n=8:delta=0.2,mcsd:2-1", (1, 1, 1), None, 1)
-    assert [(s.label, s.draft_policy, s.policy_options) for s in specs] == [
-        ("sd+auto", "auto", ()), ("seed@dball+opt-tree:n=8:delta=0.2", "opt-tree", (("n", "8"), ("delta", "0.2"))),
+    specs = parse_modes("sd+auto,seed@dball+opt-tree:n=8:delta=0.2,mcsd:2-1", ONE_BY_ONE)
+    assert [(s.label, s.decode.draft_policy, s.decode.policy_options) for s in specs] == [
+        ("sd+auto", "auto", ()), ("seed@dball+opt-tree:n=8:delta=0.2", "opt-tree", (("delta", "0.2"), ("n", "8"))),
         ("mcsd:2-1", None, ())]
-    assert specs[1].engine_kwargs["policy_options"] == {"n": "8", "delta": "0.2"} and specs[1].draft_batch is None
+    assert specs[1].decode.options == {"n": "8", "delta": "0.2"} and specs[1].decode.draft_batch == "all"
     for bad in ("ar+auto", "sd+beam", "sd+auto:n"):
         with pytest.raises(click.BadParameter):
-            parse_modes(bad, (1, 1, 1), None, 1)
+            parse_modes(bad, ONE_BY_ONE)
 
 
 def test_bench_runs_policies_from_the_mode_spec_and_they_match_ar(tmp_path):
@@ -267,11 +270,11 @@ def test_first_stretch_keeps_a_panel_to_one_run_of_its_mode():
 
 
 def test_concurrency_suffix_is_per_mode_and_only_for_whole_solves():
-    specs = parse_modes("parallel,parallel@c4,seed@dball@vball@c3", (1, 1, 1), None, 1)
+    specs = parse_modes("parallel,parallel@c4,seed@dball@vball@c3", ONE_BY_ONE)
     assert [(s.label, s.concurrency) for s in specs] == [("parallel", None), ("parallel@c4", 4),
                                                          ("seed@dball@vball@c3", 3)]
     with pytest.raises(click.BadParameter):
-        parse_modes("seed@c0", (1, 1, 1), None, 1)
+        parse_modes("seed@c0", ONE_BY_ONE)
     result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", "--modes", "ar,ar@c2",
                                        "--repeats", "1"])
     assert result.exit_code != 0 and "@c" in result.output and "tot-gsm8k" in result.output
@@ -296,7 +299,7 @@ def test_concurrency_comparison_in_one_run_checks_predictions_against_parallel(t
 
 
 def test_prefix_store_off_per_mode_scores_every_prompt_again_with_the_same_predictions(tmp_path):
-    assert [s.prefix_cache for s in parse_modes("parallel,parallel@pc0,seed@pc0@c2", (1, 1, 1), None, 1)] == \
+    assert [s.prefix_cache for s in parse_modes("parallel,parallel@pc0,seed@pc0@c2", ONE_BY_ONE)] == \
         [True, False, False]
     out = tmp_path / "pc.json"
     _bench("--workload", "tot-gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "2",

@@ -13,6 +13,7 @@ from scripted_engine import ScriptedEngine
 from seed_tot.bench import parse_modes
 from seed_tot.cli import _GENERATE_MODE_OPTIONS, main
 from seed_tot.cli_options import check_mode_options, policy_kwargs
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.search import DecodingSettings, LLMCaller
 from seed_tot.search.config import RunSettings
 from seed_tot.search.protocol import Prompt
@@ -89,7 +90,9 @@ def _parse(command: str) -> click.Context:
     elif name == "solve":
         check_mode_options(ctx, [p["mode"] or RunSettings().mode])
     elif name == "bench":
-        check_mode_options(ctx, [s.mode for s in parse_modes(p["modes"], p["k_config"], p["n_workers"], None)])
+        check_mode_options(ctx, [s.decode.mode for s in parse_modes(p["modes"], DecodeSpec(
+            k_config=p["k_config"], n_workers=p["n_workers"], verify_batch=p["verify_batch"],
+            draft_batch=p["draft_batch"]))])
     return ctx
 
 
@@ -130,13 +133,13 @@ def test_policy_options_without_a_policy_name_go_to_the_default_policy():
 
 
 class _RecordingEngine(ScriptedEngine):
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
-        self.options = engine_options
-        return super().generate(prompts, params, mode, k_config, n_workers, verify_batch)
+    def generate(self, prompts, params, *, spec):
+        self.spec = spec
+        return super().generate(prompts, params, spec=spec)
 
 
 def test_a_solves_policy_options_reach_the_engine_without_a_policy_name():
     engine = _RecordingEngine(lambda user, copy: "a thought")
-    caller = LLMCaller(engine, DecodingSettings(policy_options={"cut": "none"}))
+    caller = LLMCaller(engine, DecodingSettings(DecodeSpec(policy_options={"cut": "none"})))
     caller.complete([Prompt("q")], "thought")
-    assert engine.options["policy_options"] == {"cut": "none"} and engine.options["draft_policy"] is None
+    assert engine.spec.options == {"cut": "none"} and engine.spec.draft_policy is None

@@ -17,7 +17,7 @@ class SlowFixedEngine:
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str:
         return user + assistant_prefix
 
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
+    def generate(self, prompts, params, *, spec):
         return [GenerationResult(token_ids=[1] * 5, text="Sub-question: x? Sub-answer: 2. Rating 6",
                                  stats=GenerationStats(new_tokens=5, wall_s=0.01), finish_reason="length")
                 for _ in prompts]

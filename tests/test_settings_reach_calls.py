@@ -23,7 +23,7 @@ class BudgetEngine:
     def __init__(self, gold_plan: list[str] | None = None):
         self.gold_plan = gold_plan or []
         self.budgets: list[int] = []
-        self.engine_options: list[dict] = []
+        self.specs: list = []
 
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str:
         return f"{user}{SEP}{assistant_prefix}"
@@ -36,9 +36,9 @@ class BudgetEngine:
                 return self.gold_plan[done]
         return "good. The coherency score is 7. The answer is 7."
 
-    def generate(self, prompts, params, mode, k_config, n_workers, verify_batch, **engine_options):
+    def generate(self, prompts, params, *, spec):
         self.budgets.append(params.max_new_tokens)
-        self.engine_options.append(engine_options)
+        self.specs.append(spec)
         return [GenerationResult(token_ids=[1], text=self._reply(p), stats=GenerationStats(new_tokens=1, wall_s=0.01),
                                  finish_reason="length") for p in prompts]
 
@@ -102,8 +102,8 @@ def test_a_config_names_the_draft_policy_batches_and_options_every_call_uses(tmp
                       "draft_batch: all\nverify_batch: 3\n")
     task = get_task("gsm8k")
     engine, summary = _solve("gsm8k", tmp_path, load_settings(config, base=task.config))
-    assert engine.engine_options and all(o == {"draft_batch": None, "draft_policy": "opt-tree",
-                                               "policy_options": {"n": 8, "delta": 0.2}} for o in engine.engine_options)
+    assert engine.specs and all((s.draft_batch, s.verify_batch, s.draft_policy, s.options) ==
+                                ("all", 3, "opt-tree", {"n": 8, "delta": 0.2}) for s in engine.specs)
     assert summary["settings"]["draft_policy"] == "opt-tree" and summary["settings"]["verify_batch"] == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("draft_policy: beam\n")

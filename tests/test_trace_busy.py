@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from seed_tot.bench import ModeReport, ModeSpec, RunOutput, summarize_reports
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import GenerationStats
 from seed_tot.trace import TraceRecorder, _Call
 
@@ -29,7 +30,7 @@ def _recorder_of_runs(tmp_path) -> TraceRecorder:
 def _table_rows() -> dict[str, dict]:
     reports = {}
     for label, start, end, busy in RUNS:
-        report = reports.setdefault(label, ModeReport(ModeSpec(label, label, (1, 1, 1), None, None)))
+        report = reports.setdefault(label, ModeReport(ModeSpec(label, DecodeSpec(label, verify_batch="all"))))
         report.runs.append(RunOutput(end - start, GenerationStats(target_busy_s=busy, wall_s=end - start), [], None))
     rows = summarize_reports(list(reports.values()), greedy=False, synthetic=None, tot=False)
     return {row["label"]: row for row in rows}

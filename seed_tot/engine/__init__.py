@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .decode_spec import DecodeSpec
 from .params import GenerationResult, GenerationStats, SamplingParams
 
-__all__ = ["DraftTree", "Engine", "GenerationResult", "GenerationStats", "SamplingParams", "accept_tokens", "summarize"]
+__all__ = ["DecodeSpec", "DraftTree", "Engine", "GenerationResult", "GenerationStats", "SamplingParams", "accept_tokens", "summarize"]
 
 if TYPE_CHECKING:
     from .draft_tree import DraftTree

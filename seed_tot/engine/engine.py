@@ -13,8 +13,8 @@ import torch
 from .kv_cache import layout_of
 from .masks import UnsupportedAttention
 from .models import DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
-from .params import (ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, MODES, GenerationResult, GenerationStats, SamplingParams,
-                     check_k_config)
+from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
+from .params import GenerationResult, GenerationStats, SamplingParams
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts
@@ -161,8 +161,9 @@ class Engine:
     def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
                  k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int | str | None = AUTO_BATCH,
                  draft_policy=None, policy_options: dict | None = None,
-                 draft_batch: int | str | None = AUTO_BATCH) -> list[GenerationResult]:
+                 draft_batch: int | str | None = AUTO_BATCH, *, spec: DecodeSpec | None = None) -> list[GenerationResult]:
         """Generate for every prompt; results come back in prompt order.
+        The decoding settings come as one `spec=DecodeSpec(...)` (decode_spec.py) or as these keywords:
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
         workers drafted per draft forward (None or "all": all that are ready; 1: one thread per worker, the paper's;
         "auto", the default: see `resolve_batches`).
@@ -170,17 +171,17 @@ class Engine:
         "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
+        spec = call_spec(spec, "ar", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
+                         draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
         params = params or SamplingParams()
-        verify_batch, draft_batch = self.resolve_batches(mode, verify_batch, draft_batch)
-        if self._scheduled(mode):
+        if self._scheduled(spec.mode):
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # no loop running here: the normal, synchronous caller
                 pass
             else:
                 raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
-            call = self.agenerate(prompts, params, mode, k_config, n_workers, verify_batch, draft_policy,
-                                  policy_options, draft_batch)
+            call = self._agenerate(prompts, params, spec)
             if self.forward_thread is not None and self.forward_thread.on_thread():
                 # called from work running on the forward thread (engine.on_forward_thread, e.g. drafter
                 # training): the background loop would wait for this thread, which waits for it. A loop
@@ -188,17 +189,16 @@ class Engine:
                 return asyncio.run(call)
             return self._seed_loop().run(call)
         if self.forward_thread is not None:
-            return self.forward_thread.call(self._generate_unscheduled, prompts, params, mode, k_config, verify_batch,
-                                            draft_policy, policy_options)
-        return self._generate_unscheduled(prompts, params, mode, k_config, verify_batch, draft_policy, policy_options)
+            return self.forward_thread.call(self._generate_unscheduled, prompts, params, self._resolved(spec))
+        return self._generate_unscheduled(prompts, params, self._resolved(spec))
 
-    def _generate_unscheduled(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch,
-                              draft_policy, policy_options) -> list[GenerationResult]:
+    def _generate_unscheduled(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
         """ar, sd, mcsd one sequence after another, and the static parallel batch (see `_scheduled`)."""
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        k_config, policy = self._call_policy(mode, k_config, params, draft_policy, policy_options)
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, prefill=mode != "parallel",
-                                     policy=policy)
+        mode = spec.mode
+        policy = self._call_policy(spec, params)
+        seqs, _ = self._start(prompts, params, mode, spec.k_config, spec.verify_batch, prefill=mode != "parallel",
+                              policy=policy)
         if mode == "parallel":  # a model that cannot share forwards across calls (see _scheduled)
             from .parallel import generate_parallel
             generate_parallel(self.target, seqs, params, self.vocab_size)
@@ -211,22 +211,24 @@ class Engine:
                         k_config=(1, 1, 1), n_workers: int | None = None,
                         verify_batch: int | str | None = AUTO_BATCH, draft_policy=None,
                         policy_options: dict | None = None,
-                        draft_batch: int | str | None = AUTO_BATCH) -> list[GenerationResult]:
-        """The coroutine form, for callers that already run an event loop. Modes that do not go
-        through the scheduler (see `_scheduled`) run in a thread."""
-        params = params or SamplingParams()
-        verify_batch, draft_batch = self.resolve_batches(mode, verify_batch, draft_batch)
-        if not self._scheduled(mode):
-            return await asyncio.to_thread(self.generate, prompts, params, mode, k_config, n_workers, verify_batch,
-                                           draft_policy, policy_options, draft_batch)
+                        draft_batch: int | str | None = AUTO_BATCH, *,
+                        spec: DecodeSpec | None = None) -> list[GenerationResult]:
+        """The coroutine form, for callers that already run an event loop (settings as in `generate`).
+        Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
+        spec = call_spec(spec, "seed", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
+                         draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
+        return await self._agenerate(prompts, params or SamplingParams(), spec)
+
+    async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
+        if not self._scheduled(spec.mode):
+            return await asyncio.to_thread(self.generate, prompts, params, spec=spec)
         from .seed import SeedScheduler
-        if mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
-            n_workers, verify_batch, draft_batch = None, None, 1
         start = time.perf_counter()
-        k_config, policy = self._call_policy(mode, k_config, params, draft_policy, policy_options)  # parallel: None
-        seqs, k_config = self._start(prompts, params, mode, k_config, verify_batch, draft_batch, prefill=False,
-                                     policy=policy)
-        with_draft = _with_draft(mode, policy)
+        spec = self._resolved(spec)
+        policy = self._call_policy(spec, params)  # parallel: None
+        seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, spec.draft_batch,
+                              prefill=False, policy=policy)
+        with_draft = _with_draft(spec.mode, policy)
         if self.forward_thread is not None:  # on the thread that runs every other forward of this engine
             await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, with_draft))
         else:
@@ -235,7 +237,7 @@ class Engine:
         scheduler = self._seed_schedulers.get(loop)
         if scheduler is None:  # one scheduler per event loop serves every concurrent call on it
             scheduler = self._seed_schedulers[loop] = SeedScheduler(self)
-        await scheduler.run(seqs, policy, n_workers=n_workers, verify_batch=verify_batch, draft_batch=draft_batch)
+        await scheduler.run(seqs, policy, spec)
         return self._finish(seqs, start)
 
     def resolve_batches(self, mode: str, verify_batch: int | str | None,
@@ -244,31 +246,35 @@ class Engine:
         forward and every ready worker in one draft forward (None), on a model that takes batched 4D
         masks exactly; otherwise 1, the paper's execution (ALiBi models: Bloom, MPT).
 
-        Why batched by default: on one ToT step (bench `tot-step`: 9 thought + 9 value sequences,
-        Qwen2.5-Coder 0.5B/1.5B, fp32, 2-core CPU, greedy, medians of 3) batched SEED took 70.2 s
-        and the paper's execution 127.1 s (1.81x; 102.7 s vs 131.9 s before the shared-prefix
-        prefill and the one CPU forward thread), with identical tokens: a forward over m rows
-        costs far less than m one-row forwards, on a CPU (see the issue-10 cost table) and more so
-        on a GPU, where a target forward stays memory-bound up to hundreds of tokens. Explicit
+        Why batched by default: a forward over m rows costs far less than m one-row forwards, on a
+        CPU and more so on a GPU, where a target forward stays memory-bound up to hundreds of tokens,
+        and the tokens are identical either way (bench `tot-step` measures both executions;
+        docs/benchmarks.md, "Figures behind the code's design choices"). Explicit
         numbers are kept as given; a batched number on an ALiBi model is refused (`_check_attention`).
-        "all" (README's and the CLI's spelling) is None."""
-        verify_batch, draft_batch = (None if value == ALL_BATCH else value for value in (verify_batch, draft_batch))
-        if mode != "seed":
-            return (1 if verify_batch == AUTO_BATCH else verify_batch), (1 if draft_batch == AUTO_BATCH else draft_batch)
+        Returns the scheduler's counts: None is every one ("all")."""
+        spec = self._resolved(DecodeSpec(mode=mode, verify_batch=verify_batch, draft_batch=draft_batch))
+        return spec.verify_limit, spec.draft_limit
 
-        def decide(value, model) -> int | None:
+    def _resolved(self, spec: DecodeSpec) -> DecodeSpec:
+        """The call's spec as the scheduler runs it: "auto" batch sizes decided for these models (see
+        `resolve_batches`; the one place they are), 1 outside seed mode, and parallel's fixed batching."""
+        if spec.mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
+            return spec.replace(n_workers=None, verify_batch=ALL_BATCH, draft_batch=1)
+        if spec.mode != "seed":
+            return spec.replace(verify_batch=1 if spec.verify_batch == AUTO_BATCH else spec.verify_batch,
+                                draft_batch=1 if spec.draft_batch == AUTO_BATCH else spec.draft_batch)
+
+        def decide(value: int | str, model) -> int | str:
             if value != AUTO_BATCH:
-                if isinstance(value, str):
-                    raise ValueError(f"a SEED batch size is a positive number, None or {ALL_BATCH!r} (every one) "
-                                     f"or {AUTO_BATCH!r}, got {value!r}")
                 return value
             try:
                 layout_of(model).check_tree_masks("batched seed")
             except UnsupportedAttention:
                 return 1
-            return None
+            return ALL_BATCH
 
-        return decide(verify_batch, self.target), decide(draft_batch, self.draft if self.draft is not None else self.target)
+        return spec.replace(verify_batch=decide(spec.verify_batch, self.target),
+                            draft_batch=decide(spec.draft_batch, self.draft if self.draft is not None else self.target))
 
     def generate_pipelined(self, prompts, params: SamplingParams | None = None, mode: str = "pipedec",
                            stages: int = 2, **options):
@@ -301,16 +307,15 @@ class Engine:
             return False
         return True
 
-    def _call_policy(self, mode: str, k_config, params: SamplingParams, draft_policy, policy_options):
-        """A call's checked k_config and its DraftPolicy (None: ar, parallel), before any forward."""
-        k_config = _checked(mode, k_config)
-        return k_config, self.policy(mode, k_config, params, draft_policy, policy_options)
+    def _call_policy(self, spec: DecodeSpec, params: SamplingParams):
+        """A call's DraftPolicy (None: ar, parallel), before any forward."""
+        return self.policy(spec.mode, spec.k_config, params, spec.draft_policy, spec.options)
 
-    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | None = 1,
-               draft_batch: int | None = 1, prefill: bool = True, policy=None):
+    def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | str | None = 1,
+               draft_batch: int | str | None = 1, prefill: bool = True, policy=None):
         """The call's sequences (prefilled unless prefill=False). `policy`: the call's DraftPolicy; one
         that never feeds the draft model (prompt lookup) gets no draft caches and no draft checks."""
-        k_config = _checked(mode, k_config)
+        k_config = tuple(k_config)
         with_draft = _with_draft(mode, policy)
         if with_draft and self.draft is None:
             raise _needs_draft(mode)
@@ -326,8 +331,8 @@ class Engine:
             self._prefill_shared(seqs, with_draft=with_draft)
         return seqs, k_config
 
-    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | None,
-                         draft_batch: int | None = 1, with_draft: bool = True) -> None:
+    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | str | None,
+                         draft_batch: int | str | None = 1, with_draft: bool = True) -> None:
         """Refuse, before any forward, a setting whose 4D masks a model cannot take exactly."""
         tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
         if tree:
@@ -400,9 +405,7 @@ class Engine:
         """The DraftPolicy of a call: an object as given, a name built once per engine and options
         (it keeps its calibration, head and records across calls), None for ar and parallel."""
         from .policies import DraftPolicy, make_policy, may_draft_trees
-        if isinstance(draft_policy, DraftPolicy):
-            if policy_options:
-                raise ValueError("policy_options go with a policy name, not with a DraftPolicy object")
+        if isinstance(draft_policy, DraftPolicy):  # DecodeSpec refuses policy_options beside one
             self._check_feature_policy(draft_policy.name)
             if mode in DRAFTING_MODES:
                 self._check_tree_policy(draft_policy.name, draft_policy.drafts_trees, draft_policy.uses_draft_model)
@@ -483,12 +486,6 @@ class _BackgroundLoop:
         except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
             future.cancel()
             raise
-
-
-def _checked(mode: str, k_config) -> tuple[int, ...]:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-    return check_k_config(k_config)
 
 
 def _with_draft(mode: str, policy) -> bool:

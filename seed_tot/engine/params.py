@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-MODES = ("ar", "parallel", "sd", "mcsd", "seed")
-DRAFTING_MODES = ("sd", "mcsd", "seed")  # the modes that run a draft model
-AUTO_BATCH = "auto"  # SEED's default draft/verify batch: batched where exact (Engine.resolve_batches)
-ALL_BATCH = "all"  # the same as None: every queued draft / ready worker (the CLI's and README's spelling)
+# the decoding settings live in decode_spec.py; these names stay importable from here
+from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, MODES, DecodeSpec, check_k_config  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -39,17 +37,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def check_k_config(k_config) -> tuple[int, ...]:
-    """A draft-tree shape: k_config[d] children per node at depth d+1, e.g. (2, 2, 1)."""
-    try:
-        k = tuple(int(c) for c in k_config)
-    except (TypeError, ValueError):
-        raise ValueError(f"k_config must be a sequence of positive integers, got {k_config!r}") from None
-    if not k or any(c <= 0 for c in k):
-        raise ValueError(f"k_config must be a non-empty sequence of positive integers, got {k_config!r}")
-    return k
 
 
 @dataclass

@@ -33,12 +33,14 @@ import collections
 import logging
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from .batched_draft import DraftBatcher
+from .decode_spec import DecodeSpec
 from .draft_tree import DraftTree
 from .forward_thread import after_queued_work
 from .policies import DraftPolicy, FixedPolicy
@@ -129,22 +131,13 @@ class _Call:
     """One agenerate call's settings and timeline (events are relative to its own start)."""
 
     policy: DraftPolicy | None  # None: draft nothing (plain target steps, the parallel baseline)
-    verify_batch: int | None
+    verify_batch: int | None  # the call's DecodeSpec limits: None is every one
     draft_batch: int | None
     t0: float = field(default_factory=time.perf_counter)
     events: list[dict] = field(default_factory=list)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
-
-
-def _check_batches(n_workers: int | None, verify_batch: int | None, draft_batch: int | None) -> None:
-    if n_workers is not None and n_workers <= 0:
-        raise ValueError(f"n_workers must be positive, got {n_workers}")
-    if verify_batch is not None and verify_batch <= 0:
-        raise ValueError(f"verify_batch must be positive or None (every queued draft), got {verify_batch}")
-    if draft_batch is not None and draft_batch <= 0:
-        raise ValueError(f"draft_batch must be positive or None (every ready worker), got {draft_batch}")
 
 
 class SeedScheduler:
@@ -191,20 +184,28 @@ class SeedScheduler:
             pool.shutdown(wait=False)
 
     async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...] | None,
-                  n_workers: int | None = None, verify_batch: int | None = 1, draft_batch: int | None = 1) -> list[dict]:
+                  spec: DecodeSpec | None = None, **batches) -> list[dict]:
         """Generate every sequence of one call; returns the call's event timeline.
-        policy None: no drafting, one target step per round (the sequences need no draft cache)."""
-        _check_batches(n_workers, verify_batch, draft_batch)
+        policy None: no drafting, one target step per round (the sequences need no draft cache).
+        spec: the call's DecodeSpec with its batch sizes decided (Engine._resolved), checked when it
+        was built; its n_workers, verify_batch and draft_batch are what this scheduler reads.
+        The older keywords n_workers=, verify_batch=, draft_batch= (default 1) still build one."""
+        if spec is None:
+            warnings.warn("SeedScheduler.run(n_workers=, verify_batch=, draft_batch=) is deprecated: pass spec=DecodeSpec(...)",
+                          DeprecationWarning, stacklevel=2)
+            spec = DecodeSpec(**{"verify_batch": 1, "draft_batch": 1, **batches})
+        elif batches:
+            raise TypeError(f"pass the batch settings in spec, not as {', '.join(batches)}")
         # a k_config is the `fixed` policy of that shape
         if policy is not None and not isinstance(policy, DraftPolicy):
             policy = FixedPolicy(policy)
-        call = _Call(policy, verify_batch, draft_batch)
+        call = _Call(policy, spec.verify_limit, spec.draft_limit)
         # event times are relative to this instant; its absolute clock lets a trace place them exactly
         call.events.append({"type": "start", "t": 0.0, "clock": call.t0})
         if self._active == 0:
             self._start()
         self._active += 1
-        slots = asyncio.Semaphore(min(n_workers or len(seqs), len(seqs)))
+        slots = asyncio.Semaphore(min(spec.n_workers or len(seqs), len(seqs)))
         workers = [asyncio.create_task(self._draft_worker(seq, call, slots), name=f"draft-worker-{seq.index}")
                    for seq in seqs]
         try:

@@ -1,22 +1,25 @@
 """Run settings: a task's `SearchConfig`, overridden by a YAML file, overridden by the command line.
 
 The YAML file is flat (see configs/*.yaml): search keys (depth, n_generate, breadth, temperature,
-max_new_tokens, value_threshold, extra), engine keys (mode, k_config, n_workers, verify_batch,
-seed) and run keys (algorithm, max_expansions, task). An unknown key is an error rather than
+max_new_tokens, value_threshold, extra), decoding keys (mode, k_config, n_workers, verify_batch,
+draft_batch, draft_policy, policy_options: one DecodeSpec, engine/decode_spec.py, which checks them),
+seed and run keys (algorithm, max_expansions, task). An unknown key is an error rather than
 silently ignored, because a typo such as `bredth: 5` would otherwise run the default search.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from importlib import resources
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import yaml
 
-from seed_tot.engine.params import MODES, check_k_config
+from seed_tot.engine.decode_spec import SETTINGS as DECODE_SETTINGS
+from seed_tot.engine.decode_spec import DecodeSpec, DecodeSpecError
 
 from .dfs import DEFAULT_MAX_EXPANSIONS
 from .llm import DecodingSettings
@@ -29,57 +32,52 @@ class ConfigError(ValueError):
     """A bad settings file or override; the message names the file (or the command line) and key."""
 
 
-@dataclass
+@dataclass(init=False)
 class RunSettings:
-    """Everything `solve_dataset` needs besides the engine, the task and the examples."""
+    """Everything `solve_dataset` needs besides the engine, the task and the examples. `decode` is
+    the run's DecodeSpec: every engine call of the run gets this object. Its settings read as
+    attributes here too (settings.mode is settings.decode.mode)."""
 
-    search: SearchConfig = field(default_factory=SearchConfig)
-    algorithm: str = "bfs"
-    mode: str = "seed"
-    k_config: tuple[int, ...] = (1, 1, 1)
-    n_workers: int | None = None  # draft workers (seed mode); None: the engine's default
-    verify_batch: int | str = "auto"  # a number, "all" (every queued draft) or "auto" (Engine.resolve_batches)
-    draft_batch: int | str = "auto"  # a number, "all" (every ready draft worker) or "auto"
-    draft_policy: str | None = None  # None: the engine's default (fixed k_config shapes)
-    policy_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    max_expansions: int = DEFAULT_MAX_EXPANSIONS  # DFS only
-    task: str | None = None  # the task a config file was written for (informational)
-    source: str | None = None  # the YAML file these settings came from
+    search: SearchConfig
+    algorithm: str
+    decode: DecodeSpec
+    seed: int
+    max_expansions: int  # DFS only
+    task: str | None  # the task a config file was written for (informational)
+    source: str | None  # the YAML file these settings came from
+
+    def __init__(self, search: SearchConfig | None = None, algorithm: str = "bfs", decode: DecodeSpec | None = None,
+                 seed: int = 0, max_expansions: int = DEFAULT_MAX_EXPANSIONS, task: str | None = None,
+                 source: str | None = None, **legacy: Any):
+        if legacy:  # RunSettings(mode=..., k_config=..., ...): the fields it had before `decode`
+            warnings.warn(f"RunSettings({', '.join(f'{k}=' for k in legacy)}...) is deprecated: pass "
+                          f"decode=DecodeSpec(...)", DeprecationWarning, stacklevel=2)
+            decode = (decode or DecodeSpec()).replace(**legacy)
+        self.search = search if search is not None else SearchConfig()
+        self.algorithm, self.decode, self.seed = algorithm, decode or DecodeSpec(), seed
+        self.max_expansions, self.task, self.source = max_expansions, task, source
 
     def decoding(self) -> DecodingSettings:
-        return DecodingSettings(mode=self.mode, k_config=self.k_config, n_workers=self.n_workers,
-                                verify_batch=_batch_size(self.verify_batch),
-                                draft_batch=_batch_size(self.draft_batch), draft_policy=self.draft_policy,
-                                policy_options=dict(self.policy_options), temperature=self.search.temperature,
+        return DecodingSettings(self.decode, temperature=self.search.temperature,
                                 max_new_tokens=self.search.max_new_tokens, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["k_config"] = list(self.k_config)
+        """JSON values, flat as a config file is (summary.json's "settings")."""
+        d: dict[str, Any] = {"search": dataclasses.asdict(self.search), "algorithm": self.algorithm,
+                             **self.decode.to_dict()}
+        d.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in (*d, "decode"))
         return d
+
+
+for _name in DECODE_SETTINGS:  # read-only: a new spec comes from apply_overrides or dataclasses.replace
+    setattr(RunSettings, _name, property(lambda self, name=_name: getattr(self.decode, name),
+                                         doc=f"decode.{_name}"))
 
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a positive integer, got {value!r}")
     return value
-
-
-def _batch_size(value: int | str) -> int | str | None:
-    return None if value == "all" else value  # "auto" goes to the engine as is
-
-
-def _positive_int_or_all(value: Any) -> int | str:
-    if value == "all" or value is None:  # None: the engine's "every one" (Python callers)
-        return "all"
-    if value == "auto":
-        return value
-    return _positive_int(value)
-
-
-def _optional_positive_int(value: Any) -> int | None:
-    return None if value is None else _positive_int(value)
 
 
 def _integer(value: Any) -> int:
@@ -109,21 +107,10 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return check
 
 
-def _k_config(value: Any) -> tuple[int, ...]:
-    if isinstance(value, str):  # "2,2,1" from a command line
-        value = [part for part in value.replace(" ", "").split(",") if part]
-    return check_k_config(value)
-
-
 def _mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"expected a mapping, got {value!r}")
     return dict(value)
-
-
-def _draft_policy(value: Any) -> str:
-    from seed_tot.engine.policies import POLICIES
-    return _one_of(POLICIES)(value)
 
 
 def _text(value: Any) -> str:
@@ -132,7 +119,7 @@ def _text(value: Any) -> str:
     return value
 
 
-# key -> (checker, whether it lives on SearchConfig)
+# key -> (checker, whether it lives on SearchConfig); the decoding keys are DecodeSpec's to check
 _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "depth": (_positive_int, True),
     "n_generate": (_positive_int, True),
@@ -142,18 +129,11 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "value_threshold": (_number, True),
     "extra": (_mapping, True),
     "algorithm": (_one_of(ALGORITHMS), False),
-    "mode": (_one_of(MODES), False),
-    "k_config": (_k_config, False),
-    "n_workers": (_optional_positive_int, False),
-    "verify_batch": (_positive_int_or_all, False),
-    "draft_batch": (_positive_int_or_all, False),
-    "draft_policy": (_draft_policy, False),
-    "policy_options": (_mapping, False),
     "seed": (_integer, False),
     "max_expansions": (_positive_int, False),
     "task": (_text, False),
 }
-SETTING_KEYS = tuple(_KEYS)
+SETTING_KEYS = (*_KEYS, *DECODE_SETTINGS)
 
 
 def _copy(settings: RunSettings) -> RunSettings:
@@ -165,9 +145,15 @@ def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_no
            known_extra: frozenset[str] | None = None) -> RunSettings:
     updated = _copy(settings)
     for key, raw in values.items():
-        if key not in _KEYS:
+        if key not in SETTING_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(SETTING_KEYS)}")
         if raw is None and skip_none:
+            continue
+        if key in DECODE_SETTINGS:
+            try:
+                updated.decode = updated.decode.replace(**{key: raw})
+            except DecodeSpecError as err:
+                raise ConfigError(f"{where}: key {key!r}: {err}") from None
             continue
         check, on_search = _KEYS[key]
         try:

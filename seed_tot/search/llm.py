@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from seed_tot.engine import summarize
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
 from .protocol import Prompt
@@ -32,26 +34,30 @@ class GenerationEngine(Protocol):
 
     def render_prompt(self, user: str, assistant_prefix: str = "") -> str: ...
 
-    def generate(self, prompts: list[str], params: SamplingParams, mode: str, k_config: tuple[int, ...],
-                 n_workers: int | None, verify_batch: int | str | None, **engine_options) -> list[GenerationResult]: ...
+    def generate(self, prompts: list[str], params: SamplingParams, *, spec: DecodeSpec) -> list[GenerationResult]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DecodingSettings:
-    """How every engine call of a run decodes."""
+    """How every engine call of a run decodes: the run's DecodeSpec, passed to every call as is,
+    and the sampling settings that the caller turns into each call's SamplingParams."""
 
-    mode: str = "seed"
-    k_config: tuple[int, ...] = (1, 1, 1)
-    n_workers: int | None = None
-    verify_batch: int | str | None = "auto"  # None: every queued draft; "auto": Engine.resolve_batches
-    draft_batch: int | str | None = "auto"  # None: every ready draft worker
-    draft_policy: str | None = None  # None: the engine's default
-    policy_options: dict = field(default_factory=dict)
-    temperature: float = 1.0
+    spec: DecodeSpec
+    temperature: float
     # The most new tokens any one call may generate: a Prompt's own max_new_tokens (a task's
     # per-kind budget, e.g. a short value call) is capped by it, and None means exactly this.
-    max_new_tokens: int = 128
-    seed: int = 0
+    max_new_tokens: int
+    seed: int
+
+    def __init__(self, spec: DecodeSpec | None = None, temperature: float = 1.0, max_new_tokens: int = 128,
+                 seed: int = 0, **decode: Any):
+        if decode:  # the fields DecodingSettings had before the DecodeSpec held them
+            warnings.warn(f"DecodingSettings({', '.join(f'{k}=' for k in decode)}...) is deprecated: pass "
+                          f"spec=DecodeSpec(...)", DeprecationWarning, stacklevel=2)
+            spec = (spec or DecodeSpec()).replace(**decode)
+        for name, value in (("spec", spec or DecodeSpec()), ("temperature", temperature),
+                            ("max_new_tokens", max_new_tokens), ("seed", seed)):
+            object.__setattr__(self, name, value)
 
 
 def add_stats(total: GenerationStats, call: GenerationStats) -> None:
@@ -140,11 +146,7 @@ class LLMCaller:
         self.progress.phase = phase
         self.progress.steps += phase == "thought"
         self._report()
-        # options without a policy name set the engine's default policy (e.g. lookup=0 for the shipped drafter)
-        policy = ({"draft_policy": s.draft_policy, "policy_options": s.policy_options}
-                  if s.draft_policy or s.policy_options else {})
-        results = self.engine.generate(rendered, params, s.mode, s.k_config, s.n_workers, s.verify_batch,
-                                       draft_batch=s.draft_batch, **policy)
+        results = self.engine.generate(rendered, params, spec=s.spec)
         if len(results) != len(rendered):
             raise RuntimeError(f"engine returned {len(results)} results for {len(rendered)} prompts")
         call = summarize(results)  # wall time counted once per call, not once per sequence

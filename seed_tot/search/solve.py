@@ -192,8 +192,8 @@ class ResultsRecorder:
             name = getattr(engine, f"{role}_name", None)
             if isinstance(name, str):
                 summary[role] = name
-        summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.mode,
-                        "k_config": list(settings.k_config), "settings": settings.to_dict(),
+        summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
+                        "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path)})
         failed = sum(1 for r in self.records() if "error" in r)  # problems no Ray worker survived
         if failed:
