@@ -2,6 +2,7 @@
 the same object from the command line or a config through the search layer to the engine."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import seed_tot.search
+from conftest import reference_greedy
 from scripted_engine import ScriptedEngine
 from seed_tot import Engine, SamplingParams
 from seed_tot.bench import parse_modes
@@ -179,3 +181,13 @@ def test_the_settings_objects_take_their_old_fields_with_a_deprecation_warning()
     assert settings.decode == DecodeSpec(mode="ar", k_config=(2, 1)) and settings.mode == "ar"
     with pytest.raises(ConfigError, match="command line: key 'verify_batch'"):
         apply_overrides(settings, verify_batch="every")
+
+
+def test_the_scheduler_still_takes_its_old_batch_keywords_with_a_deprecation_warning(llama_pair):
+    engine = Engine(*llama_pair)
+    seqs, k_config = engine._start(PROMPTS, GREEDY, "seed", (1,), verify_batch="all", draft_batch=2)
+    policy = engine.policy("seed", k_config, GREEDY)
+    with pytest.warns(DeprecationWarning, match="SeedScheduler.run"):
+        asyncio.run(SeedScheduler(engine).run(seqs, policy, verify_batch=None, draft_batch=2))
+    assert [seq.generated for seq in seqs] == [reference_greedy(engine.target, p, GREEDY.max_new_tokens)
+                                                for p in PROMPTS]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from scripted_engine import ScriptedEngine
 
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.search import (ConfigError, DecodingSettings, LLMCaller, ResultsFileError, RunSettings, apply_overrides,
                              bfs, dfs, load_settings, solve_dataset)
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State, Task
@@ -73,7 +74,7 @@ def script(thoughts: dict[str, list[str]], values: dict[str, float]):
 
 
 def caller_for(engine: ScriptedEngine, seed: int = 0) -> LLMCaller:
-    return LLMCaller(engine, DecodingSettings(mode="seed", k_config=(1, 1, 1), max_new_tokens=16, seed=seed))
+    return LLMCaller(engine, DecodingSettings(DecodeSpec(mode="seed", k_config=(1, 1, 1)), max_new_tokens=16, seed=seed))
 
 
 EXAMPLE = Example(id="e1", data={"question": "q", "gold": "b/b2"})

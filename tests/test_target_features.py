@@ -12,7 +12,7 @@ import torch
 
 from conftest import reference_greedy, tiny_model
 from test_sampling_lossless import SAMPLES, pair, sample_through_engine, tv, tv_bound  # noqa: F401 (pair: a fixture)
-from seed_tot import Engine, SamplingParams
+from seed_tot import DecodeSpec, Engine, SamplingParams
 from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
 from seed_tot.engine.kv_cache import KVCache
 from seed_tot.engine.seed import SeedScheduler
@@ -82,7 +82,7 @@ def test_batched_seed_rows_with_shared_prompt_stretches_read_their_own_features(
     for seq in seqs:
         assert_draft_cache_read_the_true_features(target, drafter, seq)
     policy = engine.policy("seed", k_config, params)
-    asyncio.run(SeedScheduler(engine).run(seqs, policy, verify_batch=batch, draft_batch=batch))
+    asyncio.run(SeedScheduler(engine).run(seqs, policy, DecodeSpec(verify_batch=batch, draft_batch=batch)))
     for prompt, seq in zip(prompts, seqs):
         assert seq.generated == reference_greedy(target, prompt, 16)
         assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive=True)
