@@ -78,15 +78,19 @@ def faulty_engine(target: str, draft: str, faults: str) -> FaultyEngine:
 
 
 class PoolKeeper:
-    """One pool of 2 actors for the module, started again after a test stops it (Ctrl-C test);
-    the cluster has 2 CPUs, so a test that needs other actors releases this pool first."""
+    """One pool of 2 actors at a time for the module (the cluster has 2 CPUs, so a test that needs
+    other actors releases this pool first), running `concurrency` searches each; started again after
+    a test stops it (Ctrl-C test) or asks for the other concurrency. Starting actors (each imports
+    torch and loads both models) is most of this module's time, so the tests that share a concurrency
+    come one after another and share its pool, dead actors restarted by Ray as in a real run."""
 
     def __init__(self, spec: EngineSpec, faults: Path):
         self.spec, self.faults, self.pool = spec, faults, None
 
-    def get(self) -> EnginePool:
-        if self.pool is None or not self.pool.alive:
-            self.pool = EnginePool(self.spec, 2, cpus_per_worker=1)
+    def get(self, concurrency: int = 1) -> EnginePool:
+        if self.pool is None or not self.pool.alive or self.pool.concurrency != concurrency:
+            self.release()
+            self.pool = EnginePool(self.spec, 2, cpus_per_worker=1, concurrency=concurrency)
         return self.pool
 
     def release(self) -> None:
@@ -253,38 +257,6 @@ def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems,
     assert summary["n"] == len(examples) and summary["failed"] == 1
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_actors_running_two_searches_each_write_single_process_records(keeper, problems, reference, tmp_path,
-                                                                      temperature):
-    task, examples, _ = problems
-    keeper.release()  # the cluster's 2 CPUs go to this pool
-    with EnginePool(keeper.spec, 2, cpus_per_worker=1, concurrency=2) as pool:
-        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, temperature),
-                                    output_dir=tmp_path)
-    ref_records, ref_summary = reference(temperature)
-    records = read_records(tmp_path)
-    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)
-    assert by_id(records) == by_id(ref_records)
-    assert untimed(summary) == untimed(ref_summary)
-
-
-def test_an_actor_dying_with_two_searches_in_flight_has_both_retried(keeper, problems, reference, tmp_path, caplog):
-    task, examples, _ = problems
-    keeper.release()
-    fault = keeper.faults / "once-marbles"
-    fault.touch()
-    # slots are handed out worker 0, 1, 0, 1: worker 1 holds "pens" and "marbles" when marbles kills it
-    with EnginePool(keeper.spec, 2, cpus_per_worker=1, concurrency=2) as pool, \
-            caplog.at_level(logging.WARNING, logger="seed_tot.search.distributed"):
-        solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
-    assert not fault.exists()
-    retried = {r.getMessage().split(":")[0] for r in caplog.records if "retrying" in r.getMessage()}
-    assert "problem 3" in retried
-    records = read_records(tmp_path)
-    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)  # each once, none lost
-    assert by_id(records) == by_id(reference(0.0)[0])
-
-
 def test_an_error_in_the_search_stops_the_run_as_in_one_process(keeper, problems, tmp_path):
     _, examples, _ = problems
     task = BrokenTask()
@@ -340,6 +312,35 @@ def test_ctrl_c_stops_the_actors_and_leaves_results_valid(keeper, problems, refe
     assert 1 <= len(written) < len(examples) and len({r["id"] for r in written}) == len(written)
     solve_dataset(reference_engine, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path, resume=True)
     assert by_id(read_records(tmp_path)) == by_id(reference(0.0)[0])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_actors_running_two_searches_each_write_single_process_records(keeper, problems, reference, tmp_path,
+                                                                      temperature):
+    task, examples, _ = problems
+    summary = solve_dataset_ray(keeper.get(concurrency=2), task, examples, settings=settings_for(task, temperature),
+                                output_dir=tmp_path)
+    ref_records, ref_summary = reference(temperature)
+    records = read_records(tmp_path)
+    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)
+    assert by_id(records) == by_id(ref_records)
+    assert untimed(summary) == untimed(ref_summary)
+
+
+def test_an_actor_dying_with_two_searches_in_flight_has_both_retried(keeper, problems, reference, tmp_path, caplog):
+    task, examples, _ = problems
+    pool = keeper.get(concurrency=2)
+    fault = keeper.faults / "once-marbles"
+    fault.touch()
+    # slots are handed out worker 0, 1, 0, 1: worker 1 holds "pens" and "marbles" when marbles kills it
+    with caplog.at_level(logging.WARNING, logger="seed_tot.search.distributed"):
+        solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path)
+    assert not fault.exists()
+    retried = {r.getMessage().split(":")[0] for r in caplog.records if "retrying" in r.getMessage()}
+    assert "problem 3" in retried
+    records = read_records(tmp_path)
+    assert sorted(r["id"] for r in records) == sorted(ex.id for ex in examples)  # each once, none lost
+    assert by_id(records) == by_id(reference(0.0)[0])
 
 
 def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, reference, tiny_model_dirs,
