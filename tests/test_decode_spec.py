@@ -45,6 +45,8 @@ def test_each_bad_setting_is_refused_naming_the_setting(setting, value, message)
     with pytest.raises(DecodeSpecError, match=message) as caught:
         DecodeSpec(**{setting: value})
     assert caught.value.setting == setting and isinstance(caught.value, ValueError)
+    copied = pickle.loads(pickle.dumps(caught.value))  # as a Ray actor would send it back
+    assert (copied.setting, str(copied)) == (setting, str(caught.value))
 
 
 def test_each_setting_has_one_canonical_form_whatever_the_spelling():

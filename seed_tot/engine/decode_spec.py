@@ -30,11 +30,14 @@ POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup")  #
 
 
 class DecodeSpecError(ValueError):
-    """A bad decoding setting; `setting` names it (the command line maps it to its flag)."""
+    """A bad decoding setting; `setting` names it."""
 
     def __init__(self, setting: str, message: str):
         super().__init__(message)
         self.setting = setting
+
+    def __reduce__(self):  # both arguments, so that the error survives pickling (a Ray actor raising it)
+        return type(self), (self.setting, str(self))
 
 
 def check_k_config(k_config: Any) -> tuple[int, ...]:
