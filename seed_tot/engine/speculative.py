@@ -77,15 +77,6 @@ def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, 
     return accept_row((seq, tree, node_entry), row, params, vocab_size)
 
 
-@torch.inference_mode()
-def verify_batch_round(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], params: SamplingParams | None,
-                       vocab_size: int) -> list[Acceptance]:
-    """verify_round for several sequences in one padded target forward; lossless per sequence.
-    params None: each sequence is verified with its own call's sampling params."""
-    scored = score_rows(model, jobs, vocab_size)
-    return [accept_row(job, row, params, vocab_size) for job, row in zip(jobs, scored)]
-
-
 @dataclass
 class ScoredRow:
     """One sequence's share of a target forward: its logits, where its tree starts, its busy share."""
