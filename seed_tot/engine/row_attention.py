@@ -74,7 +74,8 @@ class RowBatchCache(Cache):
     handful of tensor ops however many rows there are:
       write_slots [n_real]      the pool slots of the real queries' new entries, in packed order
       read_index  [B, K]        every row's history after the forward, padded (padding reads are masked)
-      q_index     [B * Q]       packed query of row b's i-th new entry (0 for padding)
+      q_index     [B * Q]       packed query of row b's i-th new entry (0 for padding; none when
+                                every row has one entry: then packed query b is row b's)
       out_index   [n_real]      where packed query j sits in the [B * Q] layout
       masks       {window: [B, 1, Q, K]} additive masks (tree structure + the layer's sliding window)."""
 
@@ -86,10 +87,13 @@ class RowBatchCache(Cache):
         self.write_slots, self.read_index = plan.write_slots, plan.read_index
         self.n_real = sum(n_new)
         self.rows, self.width = len(n_new), max(n_new)
+        # a decode step (one entry per row) is already in [rows, 1] order: no unpacking to index
+        self.one_each = all(n == 1 for n in n_new)
+        if self.one_each:
+            return
         device = plan.read_index.device
-        n_new_t = torch.tensor(n_new)
         query = torch.arange(self.width)[None]
-        self.valid = query < n_new_t[:, None]  # [B, Q]
+        self.valid = query < torch.tensor(n_new)[:, None]  # [B, Q]
         q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~self.valid, 0)
         self.q_index = q_index.reshape(-1).to(device)
         self.out_index = (torch.arange(self.rows)[:, None] * self.width + query)[self.valid].to(device)
@@ -126,7 +130,10 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
     keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
     n_kv = keys.shape[1]
-    q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
+    if batch.one_each:
+        q = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
+    else:
+        q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
     if softcap is None and module.config._attn_implementation == PREFIX + "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
                                                                enable_gqa=n_heads != n_kv)
@@ -139,7 +146,10 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         scores = scores.view(rows, n_kv, group, width, -1) + mask[:, :, None]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
-    out = out.transpose(1, 2).reshape(rows * width, n_heads, head_dim).index_select(0, batch.out_index)
+    if batch.one_each:
+        out = out.reshape(rows, n_heads, head_dim)
+    else:
+        out = out.transpose(1, 2).reshape(rows * width, n_heads, head_dim).index_select(0, batch.out_index)
     if n_query > batch.n_real:  # padding queries (no row's) get zeros: their outputs are dropped
         out = torch.cat([out, out.new_zeros(n_query - batch.n_real, n_heads, head_dim)])
     return out[None], None
@@ -162,6 +172,8 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     batch = getattr(_active, "batch", None)
     if batch is None or hidden.shape[:2] != (1, batch.n_query):
         return hidden
+    if batch.one_each:
+        return hidden[0, :batch.rows, None]
     rows = hidden[0].index_select(0, batch.q_index).view(batch.rows, batch.width, -1)
     return rows * batch.valid[..., None].to(rows.dtype)
 

@@ -24,6 +24,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS
@@ -105,6 +106,11 @@ class EngineWorker:
         """None once the engine is loaded, else why it could not be."""
         return self.load_error
 
+    def model_names(self) -> SimpleNamespace:
+        """The engine's model pair by name, for the run's summary (every actor loads the same spec)."""
+        return SimpleNamespace(target_name=getattr(self.engine, "target_name", None),
+                               draft_name=getattr(self.engine, "draft_name", None))
+
     def solve(self, task: Task, settings: RunSettings, algorithm: str, example: Example) -> dict[str, Any]:
         caller = LLMCaller(self.engine, settings.decoding())
         return solve_example(caller, task, example, settings, algorithm)
@@ -169,6 +175,7 @@ class EnginePool:
         if errors:
             self.shutdown()
             raise ValueError(f"a Ray worker could not load its engine: {errors[0]}")
+        self.model_names = ray.get(self.actors[0].model_names.remote())
         log.info("%d Ray workers ready (%s CPU, %s GPU, %d searches at once each)", workers, cpus_per_worker,
                  gpus_per_worker, concurrency)
 
@@ -331,7 +338,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                                    f"{pool.max_restarts} times); {len(queue)} problems are not solved (last error: "
                                    f"{queue[0].errors[-1] if queue[0].errors else 'none'}); "
                                    f"fix the cause and run again with --resume")
-    return recorder.write_summary()
+    return recorder.write_summary(pool.model_names)
 
 
 def _lost_attempt(task: Task, job: _Job, worker: int, err: Exception, queue: deque[_Job],
