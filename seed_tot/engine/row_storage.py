@@ -10,6 +10,7 @@ gathered from its slots (a copy, counted in `copy_s`).
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -25,7 +26,8 @@ class RowLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, owner: "RowCache", layer_idx: int):
-        self.owner, self.layer_idx = owner, layer_idx
+        # a proxy, not a reference: no cycle, so a row's slots are freed as soon as the row is dropped
+        self.owner, self.layer_idx = weakref.proxy(owner), layer_idx
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:

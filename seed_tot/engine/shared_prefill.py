@@ -200,6 +200,7 @@ def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor
             build(base, done, sub)
 
     build(None, 0, distinct)
+    build = None  # the recursive closure holds itself (and the caches): break the cycle so rows free promptly
     for i, p in enumerate(prompts):
         if caches[i] is None:
             caches[i] = caches[first_of[tuple(p)]].fork()
