@@ -6,11 +6,14 @@ Every batched result is checked against the same rows forwarded one at a time (`
 """
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import tiny_model
+from seed_tot import Engine, SamplingParams
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.kv_pool import pool_of
 from seed_tot.engine.query_padding import set_padding
@@ -200,3 +203,20 @@ def test_growth_beyond_capacity_is_counted_as_cache_management(llama):
     kv.commit(list(range(len(tokens))))
     fresh = prefill(llama, [1, 2] + tokens)
     torch.testing.assert_close(kv.cache.layers[1].keys, fresh.cache.layers[1].keys, rtol=1e-5, atol=1e-5)
+
+
+def test_a_finished_calls_rows_give_their_slots_back_without_the_garbage_collector():
+    """No reference cycle keeps a row alive: with the cyclic collector off, memory stays one call's worth."""
+    model = tiny_model("llama", seed=4)
+    engine = Engine(model, None, vocab_size=96, prefix_cache_entries=0)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(4):
+            engine.generate([[1, 2, 3, 4, 5]] * 3, SamplingParams(max_new_tokens=8), mode="parallel")
+        pool = pool_of(model)
+        pool.collect()
+        in_use = pool.table.shape[0] - len(pool.free_lines)
+    finally:
+        gc.enable()
+    assert in_use <= 3  # at most the last call's rows
