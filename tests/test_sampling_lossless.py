@@ -145,6 +145,11 @@ def test_sampled_continuations_follow_the_target_distribution(pair, setting, mod
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < bound
 
 
+# The verifier-alone tests: 13,000 trials against the simulated null's maximum (tv_bound) flag a TV of
+# about 0.02, the fixed threshold that 20,000 trials were held to before, at two thirds of the loop.
+VERIFIER_TRIALS = 13_000
+
+
 @pytest.mark.parametrize("without_replacement", [True, False])
 @pytest.mark.parametrize("n_candidates", [1, 2, 3])
 def test_accept_tokens_first_token_is_distributed_as_p(n_candidates, without_replacement):
@@ -152,7 +157,7 @@ def test_accept_tokens_first_token_is_distributed_as_p(n_candidates, without_rep
     gen = torch.Generator().manual_seed(0)
     p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
     q = torch.tensor([0.1, 0.4, 0.0, 0.2, 0.2, 0.1])
-    trials, counts = 20000, torch.zeros(6)
+    trials, counts = VERIFIER_TRIALS, torch.zeros(6)
     for _ in range(trials):
         if without_replacement:
             tokens = torch.multinomial(q, n_candidates, replacement=False, generator=gen).tolist()
@@ -162,7 +167,7 @@ def test_accept_tokens_first_token_is_distributed_as_p(n_candidates, without_rep
         target_probs = torch.cat([p[None], p.expand(n_candidates, -1)])
         counts[accept_tokens(tree, target_probs, greedy=False, generator=gen).tokens[0]] += 1
     empirical = counts / trials
-    assert 0.5 * (empirical - p).abs().sum() < 0.02
+    assert 0.5 * (empirical - p).abs().sum() < tv_bound(dict(enumerate(p.tolist())), trials)
     assert counts[5] == 0  # a token the target gives no mass is never emitted
 
 
@@ -170,7 +175,7 @@ def test_lossy_rule_is_caught_by_the_distribution_check():
     """Sanity of the statistic: keeping every draft token (no rejection) is far from p."""
     p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
     q = torch.tensor([0.1, 0.4, 0.0, 0.2, 0.2, 0.1])
-    assert 0.5 * (q - p).abs().sum() > 0.02
+    assert 0.5 * (q - p).abs().sum() > tv_bound(dict(enumerate(p.tolist())), VERIFIER_TRIALS)
 
 
 def test_process_logits_matches_transformers_warpers():
