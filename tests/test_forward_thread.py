@@ -2,6 +2,7 @@
 runs on the engine's one forward thread, which also loads its models (engine/forward_thread.py says why)."""
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +10,7 @@ import pytest
 
 from conftest import noisy_copy, tiny_model
 from seed_tot import Engine, SamplingParams
-from seed_tot.engine.forward_thread import ForwardThread
+from seed_tot.engine.forward_thread import ForwardThread, after_queued_work
 
 
 class ThreadLog:
@@ -79,3 +80,33 @@ def test_a_forward_thread_runs_nested_calls_inline_instead_of_deadlocking():
 
 def _raise():
     raise ValueError("inner")
+
+
+def test_waiting_for_queued_work_costs_no_round_trip_when_the_thread_is_idle_and_waits_when_it_is_busy():
+    """A verification first waits for the drafts queued on the forward thread; when nothing is queued
+    it must not hop to that thread (a wake-up of the event loop on every step)."""
+    thread = ForwardThread()
+    submitted = []
+    original = thread.pool.submit
+
+    def counting(fn, *args, **kwargs):
+        submitted.append(fn)
+        return original(fn, *args, **kwargs)
+
+    thread.pool.submit = counting
+    release, order = threading.Event(), []
+
+    async def run():
+        await after_queued_work(thread)  # idle: returns at once
+        assert submitted == []
+        busy = asyncio.get_running_loop().run_in_executor(thread, lambda: (release.wait(5), order.append("work")))
+        waiter = asyncio.ensure_future(after_queued_work(thread))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # the queued work has not run yet
+        release.set()
+        await waiter
+        order.append("after")
+        await busy
+
+    asyncio.run(run())
+    assert order == ["work", "after"] and len(submitted) == 2

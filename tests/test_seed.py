@@ -207,7 +207,7 @@ def test_an_executor_that_refuses_work_fails_every_caller_instead_of_hanging(set
     engine = Engine(target, draft, forward_thread=_RefusingThread(accepts))
 
     async def run():
-        calls = [engine.agenerate([[1, 2, 3]] * 3, SamplingParams(max_new_tokens=40), mode=mode) for _ in range(3)]
+        calls = [engine.agenerate([[1, 2, 3]] * 3, SamplingParams(max_new_tokens=150), mode=mode) for _ in range(3)]
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=60)
 
     outcomes = asyncio.run(run())

@@ -34,6 +34,7 @@ class ForwardThread(Executor):
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
+        self._queued = 0  # submitted and not yet finished
 
     def _mark(self) -> None:
         self._ident = threading.get_ident()
@@ -56,7 +57,20 @@ class ForwardThread(Executor):
             except BaseException as err:  # handed to the caller through the future, as a pool would
                 future.set_exception(err)
             return future
-        return self.pool.submit(fn, *args, **kwargs)
+        with self._lock:
+            self._queued += 1
+        future = self.pool.submit(fn, *args, **kwargs)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, _future: Future) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    def idle(self) -> bool:
+        """Nothing submitted is waiting or running."""
+        with self._lock:
+            return self._queued == 0
 
     def call(self, fn, *args, **kwargs):
         """fn(*args) on the forward thread; blocks until it returns (or raises) here."""
@@ -68,7 +82,10 @@ class ForwardThread(Executor):
 
 async def after_queued_work(executor: Executor) -> None:
     """Return once the work submitted to the one-thread `executor` before this call has run: a batch
-    gathered then takes every row that work made ready."""
+    gathered then takes every row that work made ready. An idle forward thread has nothing queued:
+    no round trip to it (each costs a wake-up of this loop, a host cost paid on every step)."""
+    if isinstance(executor, ForwardThread) and executor.idle():
+        return
     await asyncio.get_running_loop().run_in_executor(executor, _nothing)
 
 
