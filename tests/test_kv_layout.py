@@ -16,7 +16,7 @@ from conftest import tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.kv_pool import pool_of
-from seed_tot.engine.query_padding import set_padding
+from seed_tot.engine.query_padding import forget_padding, set_padding
 from test_attention_types import build
 
 TREE = ([10, 11, 12, 13], [-1, 0, 0, 2])  # two branches, one two deep
@@ -90,7 +90,7 @@ def test_a_batched_forward_packs_rows_so_the_model_runs_only_real_entries(llama)
         logits = forward_batch(llama, rows, [TREE[0], CHAIN[0], [30]], [TREE[1], CHAIN[1], [-1]])
     finally:
         hook.remove()
-        llama.__dict__.pop("_seed_tot_row_padding")
+        forget_padding(llama)
     assert seen == [torch.Size([1, 8])]
     assert [lg.shape[0] for lg in logits] == [4, 3, 1]
 

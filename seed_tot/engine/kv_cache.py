@@ -25,6 +25,7 @@ from . import row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import pool_of
 from .masks import AttentionLayout, batched_visibility, build_attention_mask, tree_visibility, window_masks
+from .model_state import state_of
 from .query_padding import padded_rows
 from .row_storage import RowCache
 from .target_features import placed_features
@@ -32,11 +33,10 @@ from .target_features import placed_features
 
 def layout_of(model) -> AttentionLayout:
     """The model's attention layout, worked out once per model object (it reads the model's source)."""
-    layout = getattr(model, "_seed_tot_attention_layout", None)
-    if layout is None:
-        layout = AttentionLayout.of(model)
-        object.__setattr__(model, "_seed_tot_attention_layout", layout)  # plain attribute, not a submodule
-    return layout
+    state = state_of(model)
+    if state.layout is None:
+        state.layout = AttentionLayout.of(model)
+    return state.layout
 
 
 class KVCache:

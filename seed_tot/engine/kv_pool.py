@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .model_state import state_of
+
 MIN_SLOTS = 1024
 MIN_WIDTH = 256
 MIN_LINES = 16
@@ -226,19 +228,14 @@ def _writable(buffer: torch.Tensor):
     return torch.inference_mode(buffer.is_inference())
 
 
-_pools: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_pools_lock = threading.Lock()
-
-
 def pool_of(model) -> KVPool:
     """The pool of `model`'s KV storage (one per model object, made on first use)."""
-    pool = _pools.get(model)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(model)
-            if pool is None:
+    state = state_of(model)
+    if state.pool is None:
+        with state.lock:
+            if state.pool is None:
                 device = getattr(model, "device", None)
                 if device is None:
                     device = next(model.parameters()).device
-                pool = _pools[model] = KVPool(device)
-    return pool
+                state.pool = KVPool(device)
+    return state.pool

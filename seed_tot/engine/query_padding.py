@@ -21,6 +21,8 @@ import time
 import torch
 from torch import nn
 
+from .model_state import state_of
+
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 8  # beyond this every BLAS is in its matrix-matrix regime
@@ -34,13 +36,13 @@ _lock = threading.Lock()
 def padded_rows(model, n: int) -> int:
     """The row count to run a forward of `n` new entries at (>= n). The first call measures, whatever
     its n: that is a model's first forward (a prefill, before any draft worker runs beside it)."""
-    table = model.__dict__.get("_seed_tot_row_padding")
+    state = state_of(model)
+    table = state.row_padding
     if table is None:
         with _lock:
-            table = model.__dict__.get("_seed_tot_row_padding")
+            table = state.row_padding
             if table is None:
-                table = measure_padding(model)
-                model.__dict__["_seed_tot_row_padding"] = table
+                table = state.row_padding = measure_padding(model)
     return table.get(n, n)
 
 
@@ -49,7 +51,12 @@ def set_padding(model, table: dict[int, int]) -> None:
     for n, m in table.items():
         if not 1 <= n <= m:
             raise ValueError(f"row padding {n} -> {m}: a forward can only be padded up")
-    model.__dict__["_seed_tot_row_padding"] = dict(table)
+    state_of(model).row_padding = dict(table)
+
+
+def forget_padding(model) -> None:
+    """Measure the padding again on the next forward (tests that fixed it with `set_padding`)."""
+    state_of(model).row_padding = None
 
 
 def _probe_layer(model) -> nn.Linear | None:

@@ -24,6 +24,7 @@ import torch
 
 from .. import row_attention
 from ..draft_tree import DETERMINISTIC, DraftTree
+from ..model_state import state_of
 from ..params import SamplingParams
 from ..sampling import process_logits
 
@@ -213,11 +214,10 @@ class HiddenCapture:
     @classmethod
     def of(cls, model) -> "HiddenCapture":
         """The model's one capture of this kind: a hook per policy or engine would pile up over a run's calls."""
-        key = f"_seed_tot_{cls.__name__}"
-        capture = model.__dict__.get(key)
+        captures = state_of(model).captures
+        capture = captures.get(cls.__name__)
         if capture is None:
-            capture = cls(model)
-            model.__dict__[key] = capture
+            capture = captures[cls.__name__] = cls(model)
         return capture
 
     def _hook(self, module, args) -> None:
