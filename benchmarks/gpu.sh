@@ -3,7 +3,7 @@
 #   1. `thoughts` and `tot-step` at alpha 0.4 with ar, parallel, seed, sd, seed@db1@vb1;
 #   2. tot-gsm8k --limit 8 at concurrency 1 and 4 with parallel and seed.
 # Synthetic models of Llama-2-7B / Llama-160M shapes (random weights, real forwards, an acceptance
-# oracle; seed_tot/engine/synthetic.py), so nothing is downloaded. GSM8K problems come from
+# oracle; seed_tot/synthetic.py), so nothing is downloaded. GSM8K problems come from
 # $GSM8K_DATA, else shared/data/gsm8k/test.jsonl (in or beside the checkout), else the 3-problem
 # fixture in tests/fixtures; a local JSONL loads without `datasets`.
 #

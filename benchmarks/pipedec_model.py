@@ -10,7 +10,7 @@ A target of L layers split in N stages gives (every stage steps in lockstep, one
   PipeDec per tick: max(draft_w, (L/N)*layer_w) + comm;  ticks per token = h + (1 - h) * N
           (a hit costs one tick, a miss refills the pipeline: N ticks)
   STPP    per round: D draft forwards + N hops at the tree's width; tokens per round from the run
-Measuring (`--measure PRESET`) builds random-weight models of real shapes (seed_tot.engine.synthetic):
+Measuring (`--measure PRESET`) builds random-weight models of real shapes (seed_tot.synthetic):
 run it where timings mean something; on a 2-core shared CPU only the tiny preset, as a smoke test.
 
   python benchmarks/pipedec_model.py --measure tiny --width 4 --hit-rate 0.6 --stpp-tokens 2.4 --json
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from seed_tot.engine.synthetic import PRESETS, build_model
+from seed_tot.synthetic import PRESETS, build_model
 
 log = logging.getLogger("pipedec_model")
 PAPER = {"pipedec_over_pp": (4.46, 7.79), "pipedec_over_stpp": (2.2, 2.69)}  # Llama-3.1-70B, 14 stages

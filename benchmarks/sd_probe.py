@@ -1,7 +1,7 @@
 """Where `sd`'s time goes beside `ar` on a host-bound model (issue 40 item 4: on a GPU the tiny
 preset's `sd` cost 11x `ar`, on a CPU 1.7x), in one short run.
 
-The tiny synthetic preset (seed_tot/engine/synthetic.py), greedy, `--prompts` prompts of
+The tiny synthetic preset (seed_tot/synthetic.py), greedy, `--prompts` prompts of
 `--prompt-len` tokens, `--tokens` new tokens each, warm (one untimed call per mode first), medians
 of `--repeats`. It times ar and sd
   - with distinct prompts (every forward is a single row's: the model's own attention, SDPA with a
@@ -25,7 +25,7 @@ import time
 import torch
 
 from seed_tot.engine import SamplingParams
-from seed_tot.engine.synthetic import build_synthetic_engine
+from seed_tot.synthetic import build_synthetic_engine
 
 log = logging.getLogger("sd_probe")
 

@@ -31,7 +31,7 @@ predictions (tot-*), and the table says whether it did (against parallel, greedy
 where ar is not in the run).
 
 --synthetic PRESET swaps the models for random ones of real shapes whose draft agrees with the
-target at rate --alpha (seed_tot.engine.synthetic): real compute, forced acceptance. The output
+target at rate --alpha (seed_tot.synthetic): real compute, forced acceptance. The output
 then says SYNTHETIC in its banner, title, table and JSON.
 """
 from __future__ import annotations
@@ -278,7 +278,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         decode = r.spec.decode
         if decode.mode in DRAFTING_MODES and synthetic:
-            from seed_tot.engine.synthetic import expected_acceptance
+            from seed_tot.synthetic import expected_acceptance
             k = (1,) * len(decode.k_config) if decode.mode == "sd" else decode.k_config
             row["oracle_expected_acceptance"] = expected_acceptance(synthetic["alpha"], k)
         if problems:
@@ -399,9 +399,9 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Append each mode's row here (one JSON line) as soon as that mode has run.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Write trace.json, gpu.csv and utilization.png (one panel per mode) here.")
-@click.option("--synthetic", metavar="PRESET", callback=one_of_later("seed_tot.engine.synthetic", "PRESETS"), default=None,
+@click.option("--synthetic", metavar="PRESET", callback=one_of_later("seed_tot.synthetic", "PRESETS"), default=None,
               help="Random models of real shapes with an acceptance oracle instead of --target/--draft: "
-                   "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.engine.synthetic.PRESETS).")
+                   "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.synthetic.PRESETS).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
@@ -424,7 +424,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     if synthetic and (target or draft):
         raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
     if synthetic:
-        from seed_tot.engine.synthetic import build_synthetic_engine
+        from seed_tot.synthetic import build_synthetic_engine
         engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
         click.echo(synthetic_banner(synthetic, alpha))
     else:

@@ -16,7 +16,7 @@ from seed_tot.engine.decode_spec import DecodeSpec
 ONE_BY_ONE = DecodeSpec(verify_batch=1, draft_batch=1)  # --modes defaults: the paper's SEED execution
 from seed_tot.cli import main
 from seed_tot.engine import summarize
-from seed_tot.engine.synthetic import PRESETS, build_model, build_synthetic_engine, expected_acceptance, target_token
+from seed_tot.synthetic import PRESETS, build_model, build_synthetic_engine, expected_acceptance, target_token
 
 MODES = ["ar", "parallel", "sd", "mcsd:2-2-1", "seed", "seed:2-2-1", "seed@vb3"]
 

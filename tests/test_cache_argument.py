@@ -15,7 +15,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.cache_argument import cache_kwargs, either_cache, output_field, returned_cache
 from seed_tot.engine.pipeline import PipelineConfig, simulate
-from seed_tot.engine.synthetic import build_synthetic_engine
+from seed_tot.synthetic import build_synthetic_engine
 
 PROMPTS = [[5, 1, 3, 2, 7, 3], [3, 1, 4, 0, 6, 5, 3, 1, 4]]  # within every test model's vocabulary
 PARAMS = SamplingParams(max_new_tokens=12, temperature=0)

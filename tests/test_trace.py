@@ -15,7 +15,7 @@ import torch
 from seed_tot import SamplingParams
 from seed_tot import trace as trace_module
 from seed_tot.engine.params import GenerationStats
-from seed_tot.engine.synthetic import build_synthetic_engine
+from seed_tot.synthetic import build_synthetic_engine
 from seed_tot.trace import NO_GPU_LABEL, TID_CALLS, TID_TARGET, TID_WORKER0, TraceRecorder, _Call
 
 PARAMS = SamplingParams(max_new_tokens=12, temperature=0)

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .cache_argument import cache_kwargs, either_cache
-from .engine import Engine
+from seed_tot.engine.cache_argument import cache_kwargs, either_cache
+from seed_tot.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +197,8 @@ def build_model(spec: dict[str, Any], device: torch.device, dtype: torch.dtype, 
 def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device = "auto",
                            dtype: torch.dtype | str | None = None, seed: int = 0) -> Engine:
     """An Engine over random models of the preset's real shapes, with oracle acceptance `alpha`."""
-    from .forward_thread import ForwardThread
-    from .models import resolve_device
+    from seed_tot.engine.forward_thread import ForwardThread
+    from seed_tot.engine.models import resolve_device
 
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic preset {preset!r}; expected one of {', '.join(PRESETS)}")
