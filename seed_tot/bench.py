@@ -51,7 +51,7 @@ from typing import Any
 
 import click
 
-from seed_tot.bench_workloads import Workload, thoughts_workload, tot_step_workload, tot_workload
+from seed_tot.bench_workloads import ModeSpec, Workload, thoughts_workload, tot_step_workload, tot_workload
 from seed_tot.cli_options import (check_mode_options, decode_setting, given_options, load_engine, model_options,
                                   one_of_later, parse_k_config)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
@@ -64,21 +64,6 @@ HALF_DTYPES = ("bfloat16", "float16")
 SPEC_SYNTAX = "MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][+POLICY[:KEY=VALUE...]]"
 _SPEC = re.compile(r"^(?P<mode>[a-z]+)(?::(?P<k>\d+(?:-\d+)*))?(?P<opts>(?:@(?:w\d+|vb(?:\d+|all)|db(?:\d+|all)|c\d+|pc[01]))*)"
                    r"(?:\+(?P<policy>[a-z-]+)(?P<popts>(?::[A-Za-z_]+=[^:,]+)*))?$")
-
-
-@dataclass(frozen=True)
-class ModeSpec:
-    """One --modes entry: its label, the DecodeSpec every engine call of its runs gets, and the
-    run settings that are bench's own."""
-
-    label: str
-    decode: DecodeSpec
-    concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
-    prefix_cache: bool = True  # @pc0: no prompt stretches kept across calls (shared_prefill.PrefixStore)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, **self.decode.to_dict(), "concurrency": self.concurrency,
-                "prefix_cache": self.prefix_cache}
 
 
 _SUFFIX_SETTINGS = {"w": "n_workers", "vb": "verify_batch", "db": "draft_batch"}

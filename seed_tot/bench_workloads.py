@@ -1,7 +1,7 @@
 """The workloads `seed-tot bench` times: one thought batch, one ToT step, or whole ToT solves.
 
 Each builder returns (run, description): `run(engine, spec, index)` does one timed run of one mode
-spec (a bench.ModeSpec) on an engine-like object and returns the ToT predictions, or None where
+spec (a ModeSpec) on an engine-like object and returns the ToT predictions, or None where
 there are none to compare (thoughts, tot-step: bench compares their tokens instead).
 """
 from __future__ import annotations
@@ -9,22 +9,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import click
 
 from seed_tot.cli_options import DEFAULT_PROMPT
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import SamplingParams
-
-if TYPE_CHECKING:
-    from seed_tot.bench import ModeSpec
 
 BUILTIN_ANSWER = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
 
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One --modes entry: its label, the DecodeSpec every engine call of its runs gets, and the
+    run settings that are bench's own."""
+
+    label: str
+    decode: DecodeSpec
+    concurrency: int | None = None  # tot-*: problems searched at once; None: --concurrency
+    prefix_cache: bool = True  # @pc0: no prompt stretches kept across calls (shared_prefill.PrefixStore)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **self.decode.to_dict(), "concurrency": self.concurrency,
+                "prefix_cache": self.prefix_cache}
+
+
 # A workload runs once on an engine-like object for one mode and returns ToT predictions (or None).
-Workload = Callable[[Any, "ModeSpec", int], "list[str] | None"]
+Workload = Callable[[Any, ModeSpec, int], "list[str] | None"]
 
 
 def _gsm8k_example(data: str | None):
