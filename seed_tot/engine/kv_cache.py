@@ -170,11 +170,12 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     allowed, query_pos, key_pos = batched_visibility([kv.committed for kv in caches], all_parents,
                                                      [len(kv.parents) for kv in caches])
     masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
-    valid = torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]
-    positions = torch.zeros(1, n_query, dtype=torch.long)
-    positions[0, :n_real] = query_pos[valid]  # row-major: the packed order
-    input_ids = torch.zeros(1, n_query, dtype=torch.long)
-    input_ids[0, :n_real] = torch.tensor([t for row in tokens for t in row], dtype=torch.long)
+    if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
+        packed = query_pos[:, 0]
+    else:
+        packed = query_pos[torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]]  # row-major
+    positions = (torch.cat([packed, packed.new_zeros(n_query - n_real)]) if n_query > n_real else packed)[None]
+    input_ids = torch.tensor([[t for row in tokens for t in row] + [0] * (n_query - n_real)])
     history = max(kv.length for kv in caches)
     placeholder = torch.zeros(1, 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder

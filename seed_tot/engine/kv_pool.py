@@ -167,7 +167,9 @@ class KVPool:
             read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], 0)
             self._in_flight += 1
         try:
-            yield ScoringPlan(slots.to(self.device), read.to(self.device), lengths)
+            on_host = self.device.type == "cpu"  # no transfer to make, not even a no-op one
+            yield ScoringPlan(slots if on_host else slots.to(self.device), read if on_host else read.to(self.device),
+                              lengths)
         finally:
             with self._cond:
                 self._in_flight -= 1
@@ -201,13 +203,14 @@ class KVPool:
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store new entries keys [n, kv_heads, head_dim] (values likewise) at `slots`, in place."""
         if layer not in self.keys:
-            with self._create:  # two threads may bring the same layer's first entries
+            # two threads may bring the same layer's first entries; a normal tensor, not an inference
+            # one, so that a forward in any mode writes it without entering inference mode first
+            with self._create, torch.inference_mode(False):
                 if layer not in self.keys:
                     self.values[layer] = values.new_empty((self.capacity,) + values.shape[1:])
                     self.keys[layer] = keys.new_empty((self.capacity,) + keys.shape[1:])
-        with _writable(self.keys[layer]):
-            self.keys[layer].index_copy_(0, slots, keys)
-            self.values[layer].index_copy_(0, slots, values)
+        self.keys[layer].index_copy_(0, slots, keys)
+        self.values[layer].index_copy_(0, slots, values)
 
     def read(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The entries at `index` (any shape): keys [*index.shape, kv_heads, head_dim], values likewise."""
@@ -221,11 +224,6 @@ class KVPool:
 
     def bytes_per_slot(self) -> int:
         return sum(t.shape[1:].numel() * t.element_size() for store in (self.keys, self.values) for t in store.values())
-
-
-def _writable(buffer: torch.Tensor):
-    """Buffers allocated under torch.inference_mode (pipeline stages) may only be written in it."""
-    return torch.inference_mode(buffer.is_inference())
 
 
 def pool_of(model) -> KVPool:

@@ -166,19 +166,21 @@ def batched_visibility(committed: list[int], parents: list[list[int]], n_old: li
     """
     rows = len(committed)
     n_tree = [len(p) for p in parents]
+    n_query = max(t - o for t, o in zip(n_tree, n_old))
+    n_key = max(ci + t for ci, t in zip(committed, n_tree))
+    if all(p == i - 1 for row in parents for i, p in enumerate(row)):  # chains: entry e sits at c + e
+        # worked out on the host: a decode step is this path, and its op count is host cost
+        query_pos = torch.tensor([[ci + o + i if o + i < t else -1 for i in range(n_query)]
+                                  for ci, o, t in zip(committed, n_old, n_tree)])  # -1: a padding query
+        key = torch.arange(n_key)
+        allowed = key <= query_pos[:, :, None]  # a padding query (-1) sees nothing
+        return allowed, query_pos.clamp(min=0), key.expand(rows, n_key)
     c = torch.tensor(committed)
     n_old_t = torch.tensor(n_old)
     n_new = torch.tensor(n_tree) - n_old_t
-    n_query = max(t - o for t, o in zip(n_tree, n_old))
-    n_key = max(ci + t for ci, t in zip(committed, n_tree))
     key = torch.arange(n_key)[None]  # [1, K]
     query = torch.arange(n_query)[None]  # [1, Q]
     query_valid = query < n_new[:, None]  # [B, Q]
-    if all(p == i - 1 for row in parents for i, p in enumerate(row)):  # chains: entry e sits at c + e
-        query_pos = c[:, None] + n_old_t[:, None] + query
-        key_pos = key.expand(rows, n_key)
-        allowed = (key[:, None, :] <= query_pos[:, :, None]) & query_valid[:, :, None]
-        return allowed, query_pos, key_pos
     widest = max(n_tree)
     # ancestor-or-self closure of each row's tree: one-hot parents, then squaring (paths of 2^k steps)
     reach = torch.zeros(rows, widest, widest)

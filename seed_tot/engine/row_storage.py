@@ -13,7 +13,6 @@ import time
 import weakref
 from contextlib import contextmanager
 
-import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .kv_pool import KVPool, Line, ScoringPlan

@@ -24,7 +24,7 @@ import threading
 import torch
 
 from . import row_attention
-from .policies.base import HiddenCapture
+from .hidden_capture import HiddenCapture
 
 
 class TargetHidden(HiddenCapture):

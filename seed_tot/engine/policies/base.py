@@ -17,14 +17,12 @@ rows with one forward per draft step. A round never touches the target and keeps
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from .. import row_attention
 from ..draft_tree import DETERMINISTIC, DraftTree
-from ..model_state import state_of
+from ..hidden_capture import HiddenCapture  # noqa: F401  (policies and training import it from here)
 from ..params import SamplingParams
 from ..sampling import process_logits
 
@@ -200,42 +198,3 @@ class TreeBuilder:
 
     def q(self, logits: torch.Tensor) -> torch.Tensor:
         return process_logits(logits, self.params, self.vocab_size)
-
-
-class HiddenCapture:
-    """The draft's final hidden states (the lm_head's input) of the current thread's last forward.
-    A forward pre-hook, so the stock model and `KVCache.forward` stay as they are; thread-local
-    because SEED runs several sequences' draft forwards on different threads at once."""
-
-    def __init__(self, model):
-        self._local = threading.local()
-        self._handle = model.get_output_embeddings().register_forward_pre_hook(self._hook)
-
-    @classmethod
-    def of(cls, model) -> "HiddenCapture":
-        """The model's one capture of this kind: a hook per policy or engine would pile up over a run's calls."""
-        captures = state_of(model).captures
-        capture = captures.get(cls.__name__)
-        if capture is None:
-            capture = captures[cls.__name__] = cls(model)
-        return capture
-
-    def _hook(self, module, args) -> None:
-        self._local.hidden = row_attention.unpacked(args[0].detach())  # [rows, entries, hidden]
-
-    def take_rows(self) -> torch.Tensor:
-        """[rows, entries, hidden] of the last forward (a batched draft forward: one row per sequence,
-        unpacked and right-padded; row b's first n_b entries are its own)."""
-        hidden = getattr(self._local, "hidden", None)
-        if hidden is None:
-            raise RuntimeError(f"no hidden state was captured by {type(self).__name__}: the last forward on this "
-                               f"thread did not reach the hooked layer")
-        self._local.hidden = None
-        return hidden
-
-    def take(self) -> torch.Tensor:
-        """[entries, hidden] of the last single-row forward."""
-        return self.take_rows()[0]
-
-    def remove(self) -> None:
-        self._handle.remove()
