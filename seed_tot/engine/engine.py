@@ -12,11 +12,12 @@ import torch
 
 from .kv_cache import layout_of
 from .masks import UnsupportedAttention
-from .models import DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, default_target, load_model, load_tokenizer, resolve_device, truncated_draft
+from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
+                     load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
 from .params import GenerationResult, GenerationStats, SamplingParams
 from .sequence import Sequence, StopRule
-from .forward_thread import ForwardThread
+from .forward_thread import BackgroundLoop, ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts
 from .speculative import draft_round, verify_round
 from .target_features import FeatureLog, TargetHidden
@@ -56,7 +57,7 @@ class Engine:
         self.prefix_cache_entries = prefix_cache_entries
         self.prefix_stores = {role: PrefixStore(prefix_cache_entries, prefix_cache_bytes) for role in ("target", "draft")}
         self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
-        self._background: _BackgroundLoop | None = None
+        self._background: BackgroundLoop | None = None
         self._background_lock = threading.Lock()
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
@@ -120,12 +121,12 @@ class Engine:
             return fn(*args, **kwargs)
         return self.forward_thread.call(fn, *args, **kwargs)
 
-    def _seed_loop(self) -> "_BackgroundLoop":
+    def _seed_loop(self) -> "BackgroundLoop":
         """The event loop on which synchronous seed and parallel calls run: one per engine, so that calls
         from several threads (e.g. `solve --concurrency`) share one scheduler and its batched forwards."""
         with self._background_lock:
             if self._background is None:
-                self._background = _BackgroundLoop()
+                self._background = BackgroundLoop()
             return self._background
 
     # ------------------------------------------------------------------ prompts
@@ -471,23 +472,6 @@ class Engine:
         return results
 
 
-class _BackgroundLoop:
-    """An event loop on a daemon thread; `run` submits a coroutine and blocks until it is done."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="seed-engine-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro):
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
-            future.cancel()
-            raise
-
-
 def _with_draft(mode: str, policy) -> bool:
     """Whether a call runs the draft model: a drafting mode whose policy feeds it (policy None there:
     a caller that has not built one yet, which drafts with the model)."""
@@ -507,14 +491,3 @@ def summarize(results: list[GenerationResult]) -> GenerationStats:
     total.wall_s = max((r.stats.wall_s for r in results), default=0.0)
     total.events = next((r.stats.events for r in results if r.stats.events), [])
     return total
-
-
-def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """Draft and target must map the same token ids to the same strings."""
-    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    t_by_id = {i: s for s, i in t_vocab.items()}
-    d_by_id = {i: s for s, i in d_vocab.items()}
-    for i in sorted(set(t_by_id) | set(d_by_id)):
-        if t_by_id.get(i) != d_by_id.get(i):
-            raise ValueError(f"draft {draft_name} and target {target_name} have different vocabularies: "
-                             f"token id {i} is {d_by_id.get(i)!r} in the draft and {t_by_id.get(i)!r} in the target")

@@ -91,3 +91,20 @@ async def after_queued_work(executor: Executor) -> None:
 
 def _nothing() -> None:
     pass
+
+
+class BackgroundLoop:
+    """An event loop on a daemon thread; `run` submits a coroutine and blocks until it is done."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="seed-engine-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
+            future.cancel()
+            raise

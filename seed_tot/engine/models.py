@@ -165,3 +165,14 @@ def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> 
     draft_inner.config = config
     draft._modules["model"] = draft_inner
     return draft
+
+
+def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Draft and target must map the same token ids to the same strings."""
+    t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    t_by_id = {i: s for s, i in t_vocab.items()}
+    d_by_id = {i: s for s, i in d_vocab.items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            raise ValueError(f"draft {draft_name} and target {target_name} have different vocabularies: "
+                             f"token id {i} is {d_by_id.get(i)!r} in the draft and {t_by_id.get(i)!r} in the target")
