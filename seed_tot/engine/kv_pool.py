@@ -34,10 +34,10 @@ MIN_LINES = 16
 class Line:
     """A row's place in the pool: its table line and how many slots it holds (its history length)."""
 
-    __slots__ = ("pool", "index", "length")
+    __slots__ = ("index", "length")
 
-    def __init__(self, pool: "KVPool", index: int, length: int = 0):
-        self.pool, self.index, self.length = pool, index, length
+    def __init__(self, index: int, length: int = 0):
+        self.index, self.length = index, length
 
 
 @dataclass
@@ -46,7 +46,6 @@ class ScoringPlan:
 
     write_slots: torch.Tensor  # [sum n_new] on the storage device, the rows' new entries in packed order
     read_index: torch.Tensor  # [rows, longest history] on the storage device; padding reads slot 0 (masked)
-    lengths: list[int]  # each row's history length after the forward
 
 
 class KVPool:
@@ -95,7 +94,7 @@ class KVPool:
             grown[:old] = self.table
             self.table = grown
             self.free_lines = list(range(grown.shape[0] - 1, old - 1, -1))
-        line = Line(self, self.free_lines.pop(), length)
+        line = Line(self.free_lines.pop(), length)
         # a row is let go by the garbage collector, on any thread, maybe while this lock is held:
         # the finalizer only queues its line (list.append is atomic), the next pool call frees it
         weakref.finalize(owner, self._released.append, line)
@@ -168,8 +167,7 @@ class KVPool:
             self._in_flight += 1
         try:
             on_host = self.device.type == "cpu"  # no transfer to make, not even a no-op one
-            yield ScoringPlan(slots if on_host else slots.to(self.device), read if on_host else read.to(self.device),
-                              lengths)
+            yield ScoringPlan(slots if on_host else slots.to(self.device), read if on_host else read.to(self.device))
         finally:
             with self._cond:
                 self._in_flight -= 1
