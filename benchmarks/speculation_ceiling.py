@@ -27,8 +27,8 @@ cost grows with its query tokens, a round that already fills its forward with dr
 from more rows than one that carries a single token per row.
 
 `--prefill F` prices the whole workload, not its decoding alone: F is the share of the baseline's
-wall spent scoring prompts (bench's `prefill` column; session 24 measured 0.58 on the Qwen
-tot-step and 0.14-0.26 on tot-gsm8k). No draft shortens that part, so a decode ceiling c becomes
+wall spent scoring prompts (bench's `prefill` column; docs/benchmarks.md has the measured shares, e.g.
+0.58 on the Qwen tot-step). No draft shortens that part, so a decode ceiling c becomes
 1 / (F + (1 - F) / c) over the workload (Amdahl's law).
 
     python benchmarks/speculation_ceiling.py --key qwen2.5-coder-1.5b --alpha 0.56 --rows 9 --prefill 0.58
@@ -42,7 +42,8 @@ import argparse
 import json
 import logging
 
-from seed_tot.engine.policies.auto import Costs, batch_time, cache_path, expected_tokens, plan_lengths
+from seed_tot.engine.cost_model import Costs, cache_path
+from seed_tot.engine.policies.auto import batch_time, expected_tokens, plan_lengths
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,10 @@ def load_entry(key: str) -> tuple[str, Costs]:
 def measured(target: str | None, draft: str | None, dtype: str | None = None) -> tuple[str, Costs]:
     """Calibrate (or read the cached calibration of) this pair on this machine, in `dtype`."""
     from seed_tot import Engine
-    from seed_tot.engine.policies.auto import _key, load_costs
+    from seed_tot.engine.cost_model import cache_key, load_costs
 
     engine = Engine.from_pretrained(target, draft, dtype=dtype)
-    return _key(engine), load_costs(engine)
+    return cache_key(engine), load_costs(engine)
 
 
 def main() -> None:

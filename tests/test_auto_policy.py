@@ -9,6 +9,7 @@ import torch
 
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
+from seed_tot.engine.cost_model import cache_key
 from seed_tot.engine.draft_tree import DraftTree
 from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
                                           load_costs)
@@ -85,7 +86,7 @@ def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch, llama_pa
 def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path, monkeypatch, llama_pair):
     monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))
     engine = Engine(*llama_pair)
-    key = f"{engine.target_name}|{engine.draft_name}|{engine.target.device}|{engine.target.dtype}"
+    key = cache_key(engine)  # the entry sits under this engine's real key: only its old format makes it stale
     (tmp_path / "calibration.json").write_text(json.dumps({key: {"target_fixed_s": 9.0, "target_per_token_s": 9.0,
                                                                  "draft_step_s": 9.0}}))
     costs = load_costs(engine)
@@ -110,7 +111,8 @@ def test_piecewise_costs_interpolate_between_measured_sizes_and_extrapolate_the_
 
 
 def test_piecewise_costs_draft_two_tokens_where_a_straight_line_through_1_and_16_says_one():
-    # the Qwen pair's measured regime (session 4): acceptance 0.84, a draft step 0.11 s
+    # a high-acceptance pair with a dear draft step (acceptance 0.84, a draft step 0.11 s, as measured for the
+    # Qwen pair): a straight line overprices the second verified token there, the measured points do not
     line = Costs(0.232 - 0.04, 0.04, 0.11)  # through (1, 0.232) and (16, 0.832)
     piecewise = Costs(0.232 - 0.04, 0.04, 0.11, CPU_POINTS)
     assert best_length(0.84, line, 8) == 1

@@ -23,7 +23,8 @@ def test_without_prompt_scoring_the_workload_gains_what_decoding_gains(ceiling):
 
 
 def test_prompt_scoring_caps_the_workload_below_the_decode_gain(ceiling):
-    # session 24's Qwen tot-step: 58% of parallel's wall scored prompts
+    # a prompt-heavy ToT workload (58% of the baseline's wall scoring prompts, as on the Qwen tot-step):
+    # even an unbounded decode speedup cannot beat 1 / 0.58
     assert ceiling.over_workload(1.72, 0.58) == pytest.approx(1 / (0.58 + 0.42 / 1.72))
     assert ceiling.over_workload(1e9, 0.58) == pytest.approx(1 / 0.58)  # even a free, instant decode
     assert ceiling.over_workload(1.0, 0.58) == pytest.approx(1.0)  # no gain stays no gain
