@@ -61,7 +61,7 @@ _GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"),
 @click.option("--verify-batch", callback=decode_setting("verify_batch"), default="auto", show_default=True,
               help="SEED: queued drafts verified per target forward (a number, 'all', or 'auto': all where exact).")
 @click.option("--draft-batch", callback=decode_setting("draft_batch"), default="auto", show_default=True,
-              help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: a thread per worker).")
+              help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: one per forward, the paper's).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")

@@ -11,8 +11,8 @@ Times are seconds since `start()`. SEED events carry times relative to the sched
 whose `time.perf_counter()` the scheduler records in its "start" event, so they are placed exactly;
 the gap between the call's start and the scheduler's (prefill and scheduler setup) is drawn as its
 own span. (Events without that clock are aligned so the last one ends when the call returned.)
-A verify span is the scheduler's view: from handing the batch to the target thread until the
-event loop sees the result, so it includes the hand-off.
+A verify span is the scheduler's view: from taking the batch off the queue until its rows are
+accepted and committed (the step loop runs both on one thread).
 """
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ class TraceRecorder:
             shape = f" ({len(call.prompts)} prompts, {'same prompt' if same else 'different prompts'})"
         args = {"mode": call.label, **call.stats.to_dict()}
         out = [_span(TID_CALLS, f"{call.label}{shape}", call.start, call.end, args)]
-        if not call.events:  # non-SEED modes: draft and target alternate inside one call
+        if not call.events:  # a call outside the step loop (static parallel on ALiBi, PipeDec): one span
             out.append(_span(TID_TARGET, f"{call.label} call", call.start, call.end,
                              {"target_busy_fraction": call.stats.target_busy_fraction, "prompts": n}))
             return out

@@ -118,7 +118,7 @@ def test_concurrent_callers_share_forwards_and_each_gets_what_it_gets_alone(setu
     # the calls really shared target forwards: some verification carried more rows than its call has
     assert any(e["batch"] > len(prompts) for (prompts, _, _), results in zip(calls, together)
                for e in results[0].stats.events if e["type"] == "verify")
-    assert engine._seed_schedulers == {} or all(s._active == 0 for s in engine._seed_schedulers.values())
+    assert engine.scheduler.active_calls == 0
 
 
 def test_a_failing_sequence_ends_only_its_own_call(setup, monkeypatch):

@@ -141,17 +141,17 @@ def test_one_spec_object_travels_unchanged_from_the_command_line_and_config_to_e
 def test_the_engine_resolves_a_spec_once_and_hands_the_scheduler_the_callers_settings(llama_pair, monkeypatch):
     engine = Engine(*llama_pair)
     received, resolved = [], []
-    real_run, real_resolved = SeedScheduler.run, Engine._resolved
+    real_submit, real_resolved = SeedScheduler.submit, Engine._resolved
 
-    async def run(self, seqs, policy, spec=None, **batches):
+    def submit(self, seqs, policy, spec, prepare=None):
         received.append(spec)
-        return await real_run(self, seqs, policy, spec, **batches)
+        return real_submit(self, seqs, policy, spec, prepare)
 
     def counting(self, spec):
         resolved.append(spec)
         return real_resolved(self, spec)
 
-    monkeypatch.setattr(SeedScheduler, "run", run)
+    monkeypatch.setattr(SeedScheduler, "submit", submit)
     monkeypatch.setattr(Engine, "_resolved", counting)
     spec = DecodeSpec(mode="seed", k_config=(2, 1), n_workers=1, verify_batch=2, draft_batch="auto")
     engine.generate(PROMPTS, GREEDY, spec=spec)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import noisy_copy, tiny_model
 from seed_tot import Engine, SamplingParams
-from seed_tot.engine.forward_thread import ForwardThread, after_queued_work
+from seed_tot.engine.forward_thread import ForwardThread
 
 
 class ThreadLog:
@@ -82,31 +82,21 @@ def _raise():
     raise ValueError("inner")
 
 
-def test_waiting_for_queued_work_costs_no_round_trip_when_the_thread_is_idle_and_waits_when_it_is_busy():
-    """A verification first waits for the drafts queued on the forward thread; when nothing is queued
-    it must not hop to that thread (a wake-up of the event loop on every step)."""
+def test_deferred_work_queues_behind_earlier_work_even_from_the_thread_itself():
+    """A step loop queues its next step with `defer`: it must not run inline on the thread (submit does,
+    to avoid deadlock) but after the work queued before it, so other work takes its turn between steps."""
     thread = ForwardThread()
-    submitted = []
-    original = thread.pool.submit
+    order, done = [], threading.Event()
 
-    def counting(fn, *args, **kwargs):
-        submitted.append(fn)
-        return original(fn, *args, **kwargs)
+    def step(n):
+        order.append(f"step {n}")
+        if n < 2:
+            thread.defer(step, n + 1)
+            thread.pool.submit(order.append, f"other {n}")  # queued behind the next step
+        else:
+            done.set()
 
-    thread.pool.submit = counting
-    release, order = threading.Event(), []
-
-    async def run():
-        await after_queued_work(thread)  # idle: returns at once
-        assert submitted == []
-        busy = asyncio.get_running_loop().run_in_executor(thread, lambda: (release.wait(5), order.append("work")))
-        waiter = asyncio.ensure_future(after_queued_work(thread))
-        await asyncio.sleep(0.05)
-        assert not waiter.done()  # the queued work has not run yet
-        release.set()
-        await waiter
-        order.append("after")
-        await busy
-
-    asyncio.run(run())
-    assert order == ["work", "after"] and len(submitted) == 2
+    thread.defer(step, 0)
+    assert done.wait(5)
+    thread.call(lambda: None)  # drain
+    assert order == ["step 0", "step 1", "other 0", "step 2", "other 1"]

@@ -89,7 +89,7 @@ def test_threads_calling_generate_share_target_forwards(target):
     for a, t in zip(alone, together):
         assert _tokens(a) == _tokens(t)
     assert any(max(_verify_batches(results)) > len(prompts) for prompts, results in zip(CALLS, together))
-    assert all(s._active == 0 for s in engine._seed_schedulers.values())
+    assert engine.scheduler.active_calls == 0
 
 
 def test_sampled_parallel_is_the_same_alone_or_concurrent(target):

@@ -10,6 +10,7 @@ from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import seed as seed_module
 from seed_tot.engine.forward_thread import ForwardThread
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.seed import SeedError
 
 MAX_NEW = 20
@@ -93,19 +94,19 @@ def test_target_is_not_idle_while_drafts_are_queued(setup):
 
 def test_a_failing_draft_worker_surfaces_as_an_error_naming_it(setup, monkeypatch):
     target, draft = setup
-    real = seed_module.draft_round
+    real = seed_module.draft_rows
 
-    def flaky(model, seq, *args):
-        if seq.index == 2 and len(seq.generated) > 3:
+    def flaky(model, rows, *args):
+        if any(seq.index == 2 and len(seq.generated) > 3 for seq, _ in rows):
             raise RuntimeError("injected fault")
-        return real(model, seq, *args)
+        return real(model, rows, *args)
 
-    monkeypatch.setattr(seed_module, "draft_round", flaky)
+    monkeypatch.setattr(seed_module, "draft_rows", flaky)
     engine = Engine(target, draft)
 
     async def run():
         return await asyncio.wait_for(engine.agenerate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=MAX_NEW),
-                                                       mode="seed", draft_batch=1), timeout=60)  # the threaded path
+                                                       mode="seed", draft_batch=1), timeout=60)  # one row per draft forward
 
     with pytest.raises(SeedError, match="sequence 2"):
         asyncio.run(run())
@@ -191,18 +192,25 @@ class _RefusingThread(ForwardThread):
         super().__init__()
         self.accepts = accepts
 
-    def submit(self, fn, /, *args, **kwargs):
+    def _take(self):
         self.accepts -= 1
         if self.accepts < 0:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    def submit(self, fn, /, *args, **kwargs):
+        self._take()
         return super().submit(fn, *args, **kwargs)
+
+    def defer(self, fn, /, *args):
+        self._take()
+        return super().defer(fn, *args)
 
 
 @pytest.mark.parametrize("accepts", [4, 12, 30])
 @pytest.mark.parametrize("mode", ["seed", "parallel"])
 def test_an_executor_that_refuses_work_fails_every_caller_instead_of_hanging(setup, mode, accepts):
-    """The verifier's and the draft batcher's waits for the forward thread are outside any forward: a
-    refusal there must reach the waiting callers (it used to end the scheduler task and strand them)."""
+    """Queueing the next step is outside any forward: a refusal there must reach every waiting caller
+    instead of stranding them."""
     target, draft = setup
     engine = Engine(target, draft, forward_thread=_RefusingThread(accepts))
 
@@ -214,32 +222,23 @@ def test_an_executor_that_refuses_work_fails_every_caller_instead_of_hanging(set
     assert all(isinstance(o, RuntimeError) and "interpreter shutdown" in str(o) for o in outcomes), outcomes
 
 
-def test_a_call_that_starts_while_the_last_one_winds_down_runs_to_the_end(setup, monkeypatch):
-    """When the last active call ends, the scheduler stops its tasks, which takes an await. A call
-    that starts in that window builds its own queue and tasks; stopping the old run must not touch
-    them (it used to cancel the new call's verifier and clear its queue: the call never finished)."""
+def test_a_call_submitted_as_the_last_one_ends_runs_to_the_end(setup):
+    """When the last active call ends, the step loop stops queueing steps. A call submitted at that very
+    moment (here: from the finishing call's own completion, on the step thread) must still be run."""
     target, draft = setup
     engine = Engine(target, draft)
     params = SamplingParams(max_new_tokens=12, temperature=0)
     prompt = [5, 3, 9]
-    original = seed_module.SeedScheduler._stop
-    second: list[asyncio.Task] = []
+    second = []
 
-    async def stop_with_a_newcomer(detached):
-        if not second:  # the first call's stop: start another call and let it get going first
-            scheduler = next(iter(engine._seed_schedulers.values()))
-            second.append(asyncio.create_task(engine.agenerate([prompt], params, mode="seed")))
-            for _ in range(5000):
-                if scheduler._active:
-                    break
-                await asyncio.sleep(0.001)
-            assert scheduler._active, "the second call never reached the scheduler"
-        await original(detached)
+    def submit_another(_future):
+        seqs, future, _ = engine._submit([prompt], params, DecodeSpec(mode="seed"))
+        second.append((seqs, future))
 
-    monkeypatch.setattr(seed_module.SeedScheduler, "_stop", staticmethod(stop_with_a_newcomer))
-
-    async def run():
-        await engine.agenerate([prompt], params, mode="seed")
-        return await asyncio.wait_for(second[0], timeout=60)
-
-    assert asyncio.run(run())[0].token_ids == reference_greedy(target, prompt, 12)
+    _, first, _ = engine._submit([prompt], params, DecodeSpec(mode="seed"))
+    first.add_done_callback(submit_another)
+    first.result(timeout=60)
+    seqs, future = second[0]
+    future.result(timeout=60)
+    assert seqs[0].generated == reference_greedy(target, prompt, 12)
+    assert engine.scheduler.active_calls == 0

@@ -63,15 +63,23 @@ def test_trace_json_is_chrome_format_with_worker_verifier_queue_and_call_tracks(
     assert [c["args"]["mode"] for c in calls] == ["seed", "ar"]
     assert "3 prompts, same prompt" in calls[0]["name"]
     assert any(e["ph"] == "C" and e["name"] == "verify queue length" for e in events)
-    # every SEED span lies inside the SEED call's wall-clock span (the events were aligned to it)
-    seed_call = calls[0]
-    inner = [e for e in spans if e["tid"] >= TID_WORKER0 or e["name"].startswith("verify")]
-    assert inner and any(e["name"].startswith("verify") for e in inner)
+    # every call's worker and verify spans lie inside its own wall-clock span (its events were aligned to
+    # it); a call's spans follow its call span in the trace
     slack = 1e3  # microseconds of rounding
-    for e in inner:
-        assert seed_call["ts"] - slack <= e["ts"] and e["ts"] + e["dur"] <= seed_call["ts"] + seed_call["dur"] + slack
-    # the non-seed call is one span on the target track
-    assert sum(1 for e in spans if e["tid"] == TID_TARGET and e["name"] == "ar call") == 1
+    inner_of = {id(c): [] for c in calls}
+    current = None
+    for e in spans:
+        if e["tid"] == TID_CALLS:
+            current = e
+        elif e["tid"] >= TID_WORKER0 or e["name"].startswith("verify"):
+            inner_of[id(current)].append(e)
+    for call in calls:
+        inner = inner_of[id(call)]
+        assert inner and any(e["name"].startswith("verify") for e in inner)
+        for e in inner:
+            assert call["ts"] - slack <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"] + slack
+    # ar runs one row of its call at a time: each of its target forwards verifies one worker
+    assert all(len(e["args"]["workers"]) == 1 for e in inner_of[id(calls[1])] if e["name"].startswith("verify"))
 
 
 def test_without_a_gpu_the_trace_says_sampling_is_unavailable(tmp_path, engine, no_gpu, caplog):

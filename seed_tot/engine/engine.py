@@ -5,7 +5,6 @@ import asyncio
 import logging
 import threading
 import time
-import weakref
 from typing import Sequence as Seq
 
 import torch
@@ -17,9 +16,8 @@ from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
 from .params import GenerationResult, GenerationStats, SamplingParams
 from .sequence import Sequence, StopRule
-from .forward_thread import BackgroundLoop, ForwardThread
+from .forward_thread import ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts
-from .speculative import draft_round, verify_round
 from .target_features import FeatureLog, TargetHidden
 
 log = logging.getLogger(__name__)
@@ -56,9 +54,9 @@ class Engine:
         # 1 GiB per model by default: about 23k tokens of SmolLM2-135M or 2k of a 7B fp16 model
         self.prefix_cache_entries = prefix_cache_entries
         self.prefix_stores = {role: PrefixStore(prefix_cache_entries, prefix_cache_bytes) for role in ("target", "draft")}
-        self._seed_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> scheduler
-        self._background: BackgroundLoop | None = None
-        self._background_lock = threading.Lock()
+        self._scheduler = None  # the step loop of every call (seed.py), built at the first
+        self._scheduler_lock = threading.Lock()
+        self._policies: dict = {}  # named policies built for this engine, by name, shape and options
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
         self.forward_thread = (forward_thread or ForwardThread()) if torch.device(device).type == "cpu" else None
@@ -121,13 +119,15 @@ class Engine:
             return fn(*args, **kwargs)
         return self.forward_thread.call(fn, *args, **kwargs)
 
-    def _seed_loop(self) -> "BackgroundLoop":
-        """The event loop on which synchronous seed and parallel calls run: one per engine, so that calls
-        from several threads (e.g. `solve --concurrency`) share one scheduler and its batched forwards."""
-        with self._background_lock:
-            if self._background is None:
-                self._background = BackgroundLoop()
-            return self._background
+    @property
+    def scheduler(self):
+        """The engine's one SeedScheduler: every call of every thread and event loop goes through its
+        step loop, so concurrent calls (e.g. `solve --concurrency`) share its batched forwards."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                from .seed import SeedScheduler
+                self._scheduler = SeedScheduler(self)
+            return self._scheduler
 
     # ------------------------------------------------------------------ prompts
     def render_prompt(self, user: str, assistant_prefix: str = "", system: str | None = None) -> str:
@@ -166,7 +166,7 @@ class Engine:
         """Generate for every prompt; results come back in prompt order.
         The decoding settings come as one `spec=DecodeSpec(...)` (decode_spec.py) or as these keywords:
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
-        workers drafted per draft forward (None or "all": all that are ready; 1: one thread per worker, the paper's;
+        workers drafted per draft forward (None or "all": all that are ready; 1: one row per draft forward, the paper's;
         "auto", the default: see `resolve_batches`).
         draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto", "parallelspec",
         "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
@@ -175,37 +175,24 @@ class Engine:
         spec = call_spec(spec, "ar", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                          draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
         params = params or SamplingParams()
-        if self._scheduled(spec.mode):
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # no loop running here: the normal, synchronous caller
-                pass
-            else:
-                raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
-            call = self._agenerate(prompts, params, spec)
-            if self.forward_thread is not None and self.forward_thread.on_thread():
-                # called from work running on the forward thread (engine.on_forward_thread, e.g. drafter
-                # training): the background loop would wait for this thread, which waits for it. A loop
-                # of its own here runs every forward inline instead (ForwardThread.submit does so here)
-                return asyncio.run(call)
-            return self._seed_loop().run(call)
-        if self.forward_thread is not None:
-            return self.forward_thread.call(self._generate_unscheduled, prompts, params, self._resolved(spec))
-        return self._generate_unscheduled(prompts, params, self._resolved(spec))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop running here: the normal, synchronous caller
+            pass
+        else:  # waiting here would block that loop and every other call on it
+            raise RuntimeError("generate() was called inside a running event loop: use `await engine.agenerate(...)`")
+        if not self._scheduled(spec.mode):
+            return self.on_forward_thread(self._generate_static_parallel, prompts, params, self._resolved(spec))
+        seqs, future, start = self._submit(prompts, params, spec)
+        self.scheduler.wait(future)
+        return self._finish(seqs, start)
 
-    def _generate_unscheduled(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
-        """ar, sd, mcsd one sequence after another, and the static parallel batch (see `_scheduled`)."""
+    def _generate_static_parallel(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
+        """parallel as one static left-padded batch, for a target no batched mask serves (see `_scheduled`)."""
+        from .parallel import generate_parallel
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        mode = spec.mode
-        policy = self._call_policy(spec, params)
-        seqs, _ = self._start(prompts, params, mode, spec.k_config, spec.verify_batch, prefill=mode != "parallel",
-                              policy=policy)
-        if mode == "parallel":  # a model that cannot share forwards across calls (see _scheduled)
-            from .parallel import generate_parallel
-            generate_parallel(self.target, seqs, params, self.vocab_size)
-        else:
-            for seq in seqs:
-                self._run_serial(seq, mode, policy, params)
+        seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, prefill=False)
+        generate_parallel(self.target, seqs, params, self.vocab_size)
         return self._finish(seqs, start)
 
     async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str = "seed",
@@ -223,23 +210,22 @@ class Engine:
     async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
         if not self._scheduled(spec.mode):
             return await asyncio.to_thread(self.generate, prompts, params, spec=spec)
-        from .seed import SeedScheduler
-        start = time.perf_counter()
+        seqs, future, start = self._submit(prompts, params, spec)
+        await asyncio.wrap_future(future)  # cancelling the awaiting task cancels the call
+        return self._finish(seqs, start)
+
+    def _submit(self, prompts, params: SamplingParams, spec: DecodeSpec):
+        """Check and hand one call to the scheduler: (its sequences, its future, its start time).
+        Everything that can be refused is refused here, before any forward; the prefill runs on the
+        step thread when the call is admitted."""
+        start = time.perf_counter()  # wall time includes prefill, like the busy time does
         spec = self._resolved(spec)
-        policy = self._call_policy(spec, params)  # parallel: None
+        policy = self._call_policy(spec, params)  # ar, parallel: None
         seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, spec.draft_batch,
                               prefill=False, policy=policy)
         with_draft = _with_draft(spec.mode, policy)
-        if self.forward_thread is not None:  # on the thread that runs every other forward of this engine
-            await asyncio.wrap_future(self.forward_thread.submit(self._prefill_shared, seqs, with_draft))
-        else:
-            self._prefill_shared(seqs, with_draft=with_draft)
-        loop = asyncio.get_running_loop()
-        scheduler = self._seed_schedulers.get(loop)
-        if scheduler is None:  # one scheduler per event loop serves every concurrent call on it
-            scheduler = self._seed_schedulers[loop] = SeedScheduler(self)
-        await scheduler.run(seqs, policy, spec)
-        return self._finish(seqs, start)
+        future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
+        return seqs, future, start
 
     def resolve_batches(self, mode: str, verify_batch: int | str | None,
                         draft_batch: int | str | None) -> tuple[int | None, int | None]:
@@ -261,9 +247,8 @@ class Engine:
         `resolve_batches`; the one place they are), 1 outside seed mode, and parallel's fixed batching."""
         if spec.mode == "parallel":  # every row, every step, in the shared target forward; nothing to draft
             return spec.replace(n_workers=None, verify_batch=ALL_BATCH, draft_batch=1)
-        if spec.mode != "seed":
-            return spec.replace(verify_batch=1 if spec.verify_batch == AUTO_BATCH else spec.verify_batch,
-                                draft_batch=1 if spec.draft_batch == AUTO_BATCH else spec.draft_batch)
+        if spec.mode != "seed":  # ar, sd, mcsd: one sequence of the call after another, alone in its forwards
+            return spec.replace(n_workers=1, verify_batch=1, draft_batch=1)
 
         def decide(value: int | str, model) -> int | str:
             if value != AUTO_BATCH:
@@ -289,19 +274,15 @@ class Engine:
         return generate_pipelined(self, prompts, params, mode, stages, **options)
 
     def _scheduled(self, mode: str) -> bool:
-        """Whether calls of this mode run on the engine's SeedScheduler, whose target forwards every
-        overlapping call shares. seed always does. parallel does too, as plain target steps (a round
-        that drafts nothing), so N concurrent parallel calls (`solve --concurrency N`) batch across
-        calls exactly as N seed calls do: a row joins at its next step and leaves when it stops.
-        One code path serves a call alone or with others: a static per-call batch could not take rows
-        of calls that start after it, and seed and parallel then pay the same per-forward costs
-        (prefill, padded KV stacking, 4D masks), so their difference is speculation alone.
-        Only a target that cannot take batched 4D masks (ALiBi: Bloom, MPT) keeps the static
-        left-padded batch of parallel.py, one per call, which its 2D padding mask serves exactly."""
-        if mode == "seed":
-            return True
+        """Whether calls of this mode run on the engine's step loop (seed.py): every mode does, parallel
+        as plain target steps (a round that drafts nothing), so N concurrent parallel calls
+        (`solve --concurrency N`) batch across calls exactly as N seed calls do: a row joins at its next
+        step and leaves when it stops, and seed and parallel pay the same per-forward costs, so their
+        difference is speculation alone. Only a parallel call on a target that cannot take batched 4D
+        masks (ALiBi: Bloom, MPT) keeps the static left-padded batch of parallel.py, one per call,
+        which its 2D padding mask serves exactly."""
         if mode != "parallel":
-            return False
+            return True
         try:
             layout_of(self.target).check_tree_masks("parallel across calls")
         except UnsupportedAttention:
@@ -422,7 +403,7 @@ class Engine:
             raise _needs_draft(mode)
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
-        cache = self.__dict__.setdefault("_policies", {})
+        cache = self._policies
         if key not in cache:  # checked before it is built: building may calibrate, which runs forwards
             # every named policy that may draft trees feeds them to the draft model too
             self._check_tree_policy(name, may_draft_trees(name, policy_options, self, shape), True)
@@ -450,16 +431,6 @@ class Engine:
             raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
                              f"the target's hidden states, which drafted tokens do not have: use the "
                              f"'parallelspec' policy (the default for it)")
-
-    def _run_serial(self, seq: Sequence, mode: str, policy, params: SamplingParams) -> None:
-        from .draft_tree import DraftTree
-        while not seq.done:
-            if mode == "ar":
-                verify_round(self.target, seq, DraftTree.empty(self.vocab_size), params, self.vocab_size)
-            else:
-                tree, node_entry = draft_round(self.draft, seq, policy, params, self.vocab_size)
-                acc = verify_round(self.target, seq, tree, params, self.vocab_size, node_entry)
-                policy.observe(seq, tree, acc)
 
     @staticmethod
     def _finish(seqs: list[Sequence], start: float) -> list[GenerationResult]:

@@ -11,16 +11,13 @@ loading thread a team. On the 2-core CPU either one made a decode forward more t
 
 So an engine whose target is on the CPU owns one `ForwardThread`, and everything that runs torch
 work on its models goes through it: loading (`Engine.from_pretrained`, synthetic engines), prefill,
-draft rounds, verification, the serial modes (ar, sd, mcsd), and drafter training
+the scheduler's step loop (seed.py: drafting and verification of every mode), and drafter training
 (`engine.on_forward_thread`). Engines over the same models share it (`Engine(..., forward_thread=)`).
 An Engine built from models the caller loaded on its own thread still works, only slower. On a GPU
-the roles keep their own threads, each issuing kernels on its own CUDA stream, so that drafting and
-verification overlap on the device (the SEED paper's point); on two CPU cores they could not overlap
-usefully anyway, since each forward already uses both cores.
+the step loop gets a thread of its own (seed.py says why drafting and verification share it there too).
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
@@ -34,7 +31,6 @@ class ForwardThread(Executor):
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
-        self._queued = 0  # submitted and not yet finished
 
     def _mark(self) -> None:
         self._ident = threading.get_ident()
@@ -57,20 +53,13 @@ class ForwardThread(Executor):
             except BaseException as err:  # handed to the caller through the future, as a pool would
                 future.set_exception(err)
             return future
-        with self._lock:
-            self._queued += 1
-        future = self.pool.submit(fn, *args, **kwargs)
-        future.add_done_callback(self._finished)
-        return future
+        return self.pool.submit(fn, *args, **kwargs)
 
-    def _finished(self, _future: Future) -> None:
-        with self._lock:
-            self._queued -= 1
-
-    def idle(self) -> bool:
-        """Nothing submitted is waiting or running."""
-        with self._lock:
-            return self._queued == 0
+    def defer(self, fn, /, *args) -> Future:
+        """fn(*args) queued behind the work submitted so far, even from the thread itself: a step loop
+        queues its next step this way, so other work on the thread (another engine's steps, a load)
+        takes its turn in between instead of waiting for the loop to end."""
+        return self.pool.submit(fn, *args)
 
     def call(self, fn, *args, **kwargs):
         """fn(*args) on the forward thread; blocks until it returns (or raises) here."""
@@ -78,33 +67,3 @@ class ForwardThread(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """The engine's thread lives as long as the engine; schedulers that borrow it must not stop it."""
-
-
-async def after_queued_work(executor: Executor) -> None:
-    """Return once the work submitted to the one-thread `executor` before this call has run: a batch
-    gathered then takes every row that work made ready. An idle forward thread has nothing queued:
-    no round trip to it (each costs a wake-up of this loop, a host cost paid on every step)."""
-    if isinstance(executor, ForwardThread) and executor.idle():
-        return
-    await asyncio.get_running_loop().run_in_executor(executor, _nothing)
-
-
-def _nothing() -> None:
-    pass
-
-
-class BackgroundLoop:
-    """An event loop on a daemon thread; `run` submits a coroutine and blocks until it is done."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="seed-engine-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro):
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except BaseException:  # Ctrl-C (or any error) in the waiting caller: cancel its call, not others
-            future.cancel()
-            raise

@@ -1,58 +1,83 @@
-"""SEED: scheduled speculative execution (the SEED paper's Algorithm 2), shared by concurrent callers.
+"""SEED: scheduled speculative execution (the SEED paper's Algorithm 2), as one step loop for every mode.
 
-    DraftWorker i (one per sequence, asyncio task)      Verifier (one asyncio task per engine)
-      loop: draft a tree            --push-->  VerifyQueue  --pop FCFS-->  target forward,
-            wait until verified     <--release------------------------    accept, commit
+    callers (any thread, any event loop)     the step loop (one thread: the engine's forward thread)
+      submit(seqs, policy, spec) ──────────>   admit:  prefill each new call, start up to n_workers rows
+      wait for the call's future <──────────   draft:  every row ready to draft, one batched draft round
+                                               verify: the FCFS VerifyQueue, one target forward per
+                                                       verify_batch jobs: accept, commit, observe
 
-One `SeedScheduler` per engine and event loop serves every concurrent `agenerate` call: all their
-workers push into one FCFS VerifyQueue, so drafts of different calls (different ToT problems)
-share target forwards (up to the head job's verify_batch), and workers that are ready together
-share draft forwards (batched_draft.DraftBatcher, up to the head request's draft_batch). A
-sequence joins when its call starts and leaves when it stops; each keeps its own generator and
-sampling params, so what it generates never depends on what else shares its forwards.
+Every row is one of the paper's draft workers: it drafts a tree, pushes it into the one FCFS
+VerifyQueue, waits for its verification and drafts again. One `SeedScheduler` per engine serves every
+concurrent call, so rows of different calls (different ToT problems) share draft and target forwards
+up to the head job's draft_batch / verify_batch. A row joins when its call starts and leaves when it
+stops; each keeps its own generator and sampling params, so what it generates never depends on what
+shares its forwards.
 
-A call with policy None drafts nothing: each of its rounds is an empty tree verified by the target,
-i.e. one plain decode step per row. That is the `parallel` baseline under continuous batching: its
-rows share target forwards with every other queued row (verify_batch None) and never touch a draft
-model or draft cache, so an engine without a draft model serves it. A policy that drafts without
-the draft model (`lookup`: prompt lookup) is run inline by its worker, which then requeues at once
-like a `parallel` row.
+Every mode is a setting of this loop, a batch of one being a batch:
+    parallel  policy None: each round is an empty tree, one plain decode step; rows share forwards
+    ar        policy None, one row of the call at a time (n_workers = verify_batch = 1)
+    sd, mcsd  a chain / tree policy, one row at a time
+    seed      any policy, every row at once; `seed@db1@vb1` is the paper's one draft and one
+              verification per forward
+A policy that drafts without the draft model (`lookup`) drafts inline when its row becomes ready.
 
-Why threads under asyncio: the event loop only schedules; every model forward runs in an
-executor thread, so the target really computes while other workers draft (torch releases the GIL
-inside its kernels). Draft forwards get a pool of `n_workers` threads, the target one thread of
-its own. On a GPU each thread also issues its kernels on its own CUDA stream, so draft and target
-kernels can overlap on the device instead of queueing on the default stream.
-The target never waits for a draft while work is queued: the verifier pops as soon as the queue
-is non-empty, and only sleeps on an empty queue.
+Why one thread and no event loop in between: each step would otherwise cross threads twice (a
+forward thread hands its results to an event loop, which wakes the workers, which queue the next
+forward), and that hand-off is host time paid on every step while the device waits. Here a step
+queues the next one behind whatever else waits for the thread (`ForwardThread.defer`), so other work
+still takes its turn. On a CPU the thread is the engine's forward thread (forward_thread.py says why
+one thread must run every forward there). On a GPU it is a thread of the scheduler's own; drafting
+and verification take turns on it: an eager forward there is bound by the host's launches, which
+one Python thread issues one at a time whatever the streams, so it is the host that must be kept busy.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from typing import Callable
 
-import torch
-
-from .batched_draft import DraftBatcher
 from .decode_spec import DecodeSpec
 from .draft_tree import DraftTree
-from .forward_thread import after_queued_work
+from .forward_thread import ForwardThread
 from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
-from .speculative import accept_row, draft_round, score_rows
+from .speculative import accept_row, draft_rows, score_rows
 
 log = logging.getLogger(__name__)
-MAX_DRAFT_THREADS = 32  # workers beyond this share threads (each still is its own asyncio task)
 
 
 class SeedError(RuntimeError):
-    """A draft worker or the verifier failed; the message names the sequence."""
+    """A draft round or a verification failed; the message names the sequence."""
+
+
+@dataclass
+class _Call:
+    """One generate call's rows, settings and timeline (events are relative to its own start)."""
+
+    seqs: list[Sequence]
+    policy: DraftPolicy | None  # None: draft nothing (plain target steps)
+    verify_batch: int | None  # the call's DecodeSpec limits: None is every one
+    draft_batch: int | None
+    n_workers: int  # rows of this call live at once
+    prepare: Callable[[], None] | None  # its prefill, run on the step thread when it is admitted
+    future: Future = field(default_factory=Future)
+    t0: float = field(default_factory=time.perf_counter)
+    events: list[dict] = field(default_factory=list)
+    waiting: collections.deque = field(default_factory=collections.deque)  # rows not started yet
+    live: int = 0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @property
+    def over(self) -> bool:
+        """Finished, failed or cancelled by its caller: its rows are dropped wherever they wait."""
+        return self.future.done()
 
 
 @dataclass
@@ -61,253 +86,257 @@ class VerifyJob:
     tree: DraftTree
     node_entry: dict[int, int]
     enqueued: float
-    call: "_Call"
-    verified: asyncio.Event = field(default_factory=asyncio.Event)  # the paper's draft label map
-    error: BaseException | None = None
+    call: _Call
 
 
 class VerifyQueue:
-    """The FCFS deque between draft workers and the target."""
+    """The FCFS deque between the draft workers and the target (the step thread's alone: no lock)."""
 
     def __init__(self) -> None:
         self._items: collections.deque[VerifyJob] = collections.deque()
-        self._ready = asyncio.Condition()
-        self._closed = False
 
     def __len__(self) -> int:
         return len(self._items)
 
-    async def push(self, job: VerifyJob) -> None:
-        async with self._ready:
-            self._items.append(job)
-            self._ready.notify()
+    def push(self, job: VerifyJob) -> None:
+        self._items.append(job)
 
-    async def pop(self) -> list[VerifyJob] | None:
-        """The head job and the jobs behind it, up to the head's call's verify_batch (None: all),
-        in arrival order; None once closed and drained."""
-        async with self._ready:
-            await self._ready.wait_for(lambda: self._items or self._closed)
-            if not self._items:
-                return None
-            limit = self._items[0].call.verify_batch
-            n = len(self._items) if limit is None else min(limit, len(self._items))
-            return [self._items.popleft() for _ in range(n)]
-
-    def take_more(self, jobs: list[VerifyJob]) -> list[VerifyJob]:
-        """`jobs` (just popped), extended in place with the jobs queued behind them since, up to the
-        head's verify_batch (the verifier fails exactly this list if the forward cannot run)."""
-        limit = jobs[0].call.verify_batch
-        while self._items and (limit is None or len(jobs) < limit):
-            jobs.append(self._items.popleft())
-        return jobs
-
-    async def close(self) -> None:
-        async with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-
-
-class _Streams:
-    """One CUDA stream per executor thread (no-op on CPU)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._local = threading.local()
-
-    def run(self, fn, *args):
-        if not self.cuda:
-            return fn(*args)
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            out = fn(*args)
-            stream.synchronize()  # results (q, KV) are read from other threads' streams next
-        return out
-
-
-@dataclass
-class _Call:
-    """One agenerate call's settings and timeline (events are relative to its own start)."""
-
-    policy: DraftPolicy | None  # None: draft nothing (plain target steps, the parallel baseline)
-    verify_batch: int | None  # the call's DecodeSpec limits: None is every one
-    draft_batch: int | None
-    t0: float = field(default_factory=time.perf_counter)
-    events: list[dict] = field(default_factory=list)
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
+    def pop(self, at_most: int) -> list[VerifyJob]:
+        """The head job and the jobs behind it, up to the head's call's verify_batch and `at_most`."""
+        limit = self._items[0].call.verify_batch
+        n = min(at_most, len(self._items) if limit is None else limit, len(self._items))
+        return [self._items.popleft() for _ in range(n)]
 
 
 class SeedScheduler:
-    """The engine's SEED scheduler on one event loop; it runs while at least one call is active."""
+    """An engine's step loop. `submit` is thread-safe; everything else runs on the step thread."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, executor: ForwardThread | None = None):
         self.engine = engine
-        self._active = 0
-        self._queue: VerifyQueue | None = None
-        self._tasks: list[asyncio.Task] = []
-
-    def _start(self) -> None:
-        engine = self.engine
-        self._streams = _Streams(engine.target.device)
+        self._executor = executor or engine.forward_thread or ForwardThread("seed-step")
+        self._lock = threading.Lock()
+        self._incoming: list[_Call] = []
+        self._step_queued = False  # a step is queued or running: a kick need not queue another
+        self._calls: list[_Call] = []  # from here on, the step thread's state
         self._queue = VerifyQueue()
-        # draft_batch=1 workers draft on their own threads (the paper's execution); batched rounds
-        # run on one more thread, the target on its own. On a CPU all of them are the engine's one
-        # forward thread (forward_thread.py: a second thread's forwards slow both down there).
-        shared = engine.forward_thread
-        self._draft_pool = shared or ThreadPoolExecutor(MAX_DRAFT_THREADS, thread_name_prefix="seed-draft")
-        self._batch_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-draft-batch")
-        self._target_pool = shared or ThreadPoolExecutor(1, thread_name_prefix="seed-target")
-        self._one_thread = shared is not None
-        self._verifying: asyncio.Event | None = None  # set once the verification running now has released its rows
-        self._batcher = DraftBatcher(engine.draft, engine.vocab_size, self._batch_pool, self._streams.run,
-                                     wait_turn=self._one_thread,
-                                     settle=self._verification_settled if self._one_thread else None)
-        self._tasks = [asyncio.create_task(self._verifier(self._queue), name="seed-verifier"),
-                       asyncio.create_task(self._batcher.run(), name="seed-draft-batcher")]
+        self._to_draft: collections.deque[tuple[Sequence, _Call]] = collections.deque()
+        self._in_step = False
 
-    def _detach(self) -> tuple[list[asyncio.Task], tuple]:
-        """Hand over this run's tasks and pools for `_stop`, leaving the scheduler clean at once (no
-        await in between): a call that starts while they wind down builds its own."""
-        tasks, self._tasks, self._queue = self._tasks, [], None
-        return tasks, (self._draft_pool, self._batch_pool, self._target_pool)
+    @property
+    def active_calls(self) -> int:
+        """Calls submitted and not over yet."""
+        with self._lock:
+            return sum(not call.over for call in self._incoming + self._calls)
 
-    @staticmethod
-    async def _stop(detached: tuple[list[asyncio.Task], tuple]) -> None:
-        tasks, pools = detached
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for pool in pools:
-            pool.shutdown(wait=False)
+    @property
+    def executor(self) -> ForwardThread:
+        return self._executor
 
-    async def run(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...] | None,
-                  spec: DecodeSpec | None = None, **batches) -> list[dict]:
-        """Generate every sequence of one call; returns the call's event timeline.
-        policy None: no drafting, one target step per round (the sequences need no draft cache).
-        spec: the call's DecodeSpec with its batch sizes decided (Engine._resolved), checked when it
-        was built; its n_workers, verify_batch and draft_batch are what this scheduler reads.
-        The older keywords n_workers=, verify_batch=, draft_batch= (default 1) still build one."""
+    def submit(self, seqs: list[Sequence], policy: DraftPolicy | tuple[int, ...] | None, spec: DecodeSpec,
+               prepare: Callable[[], None] | None = None) -> Future:
+        """Start generating every sequence of one call; the future's result is the call's event timeline.
+        policy None: no drafting, one target step per round (the sequences need no draft cache); a
+        k_config is the `fixed` policy of that shape. spec: the call's DecodeSpec with its batch sizes
+        decided (Engine._resolved); its n_workers, verify_batch and draft_batch are what this loop reads.
+        prepare: run on the step thread before the call's first round (its prefill)."""
+        if policy is not None and not isinstance(policy, DraftPolicy):
+            policy = FixedPolicy(policy)
+        call = _Call(seqs, policy, spec.verify_limit, spec.draft_limit, min(spec.n_workers or len(seqs), len(seqs)),
+                     prepare)
+        call.waiting.extend(seqs)
+        # event times are relative to this instant; its absolute clock lets a trace place them exactly
+        call.events.append({"type": "start", "t": 0.0, "clock": call.t0})
+        with self._lock:
+            self._incoming.append(call)
+        self._kick()
+        return call.future
+
+    async def run(self, seqs: list[Sequence], policy, spec: DecodeSpec | None = None, *,
+                  prepare: Callable[[], None] | None = None, **batches) -> list[dict]:
+        """`submit`, awaited (cancelling the awaiting task cancels the call). The older keywords
+        n_workers=, verify_batch=, draft_batch= (default 1) still build a spec."""
+        import asyncio
         if spec is None:
             warnings.warn("SeedScheduler.run(n_workers=, verify_batch=, draft_batch=) is deprecated: pass spec=DecodeSpec(...)",
                           DeprecationWarning, stacklevel=2)
             spec = DecodeSpec(**{"verify_batch": 1, "draft_batch": 1, **batches})
         elif batches:
             raise TypeError(f"pass the batch settings in spec, not as {', '.join(batches)}")
-        # a k_config is the `fixed` policy of that shape
-        if policy is not None and not isinstance(policy, DraftPolicy):
-            policy = FixedPolicy(policy)
-        call = _Call(policy, spec.verify_limit, spec.draft_limit)
-        # event times are relative to this instant; its absolute clock lets a trace place them exactly
-        call.events.append({"type": "start", "t": 0.0, "clock": call.t0})
-        if self._active == 0:
-            self._start()
-        self._active += 1
-        slots = asyncio.Semaphore(min(spec.n_workers or len(seqs), len(seqs)))
-        workers = [asyncio.create_task(self._draft_worker(seq, call, slots), name=f"draft-worker-{seq.index}")
-                   for seq in seqs]
+        return await asyncio.wrap_future(self.submit(seqs, policy, spec, prepare))
+
+    def wait(self, future: Future) -> list[dict]:
+        """The call's result, for a synchronous caller. On the step thread itself (work running there
+        calls generate: drafter training) no queued step could run before this returns, so the steps
+        run here until the call is over."""
+        if self._executor.on_thread():
+            if self._in_step:
+                raise RuntimeError("generate was called from inside a decoding step")
+            while not future.done():
+                self._guarded_step()
+            self._kick()  # other calls' steps go on behind this thread's work
         try:
-            await asyncio.gather(*workers)
-        except BaseException:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            return future.result()
+        except BaseException:  # Ctrl-C in the waiting caller: cancel its call, not the others
+            future.cancel()
             raise
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                await self._stop(self._detach())
-        for seq in seqs:
-            seq.stats.events = call.events
-        return call.events
 
-    async def _draft_worker(self, seq: Sequence, call: _Call, slots: asyncio.Semaphore) -> None:
-        loop = asyncio.get_running_loop()
-        engine, queue = self.engine, self._queue  # this run's queue (see _detach)
-        async with slots:
-            while not seq.done:
-                start = call.now()
-                try:
-                    if call.policy is None:  # a plain target step: nothing to draft, no draft model
-                        tree, node_entry = DraftTree.empty(engine.vocab_size), {}
-                    elif not call.policy.uses_draft_model:  # prompt lookup: no forward, so no wait for one
-                        tree, node_entry = draft_round(None, seq, call.policy, seq.rule.params, engine.vocab_size)
-                    elif call.draft_batch == 1:
-                        tree, node_entry = await loop.run_in_executor(
-                            self._draft_pool, self._streams.run, draft_round, engine.draft, seq, call.policy,
-                            seq.rule.params, engine.vocab_size)
-                    else:
-                        tree, node_entry = await self._batcher.draft(seq, call.policy, call.draft_batch)
-                except Exception as err:
-                    raise SeedError(f"draft worker for sequence {seq.index} failed: {err!r}") from err
-                end = call.now()
-                if call.policy is not None:
-                    call.events.append({"type": "draft", "worker": seq.index, "start": start, "end": end,
-                                        "tokens": len(tree)})
-                job = VerifyJob(seq, tree, node_entry, end, call)
-                await queue.push(job)
-                call.events.append({"type": "enqueue", "worker": seq.index, "t": call.now(),
-                                    "queue_len": len(queue)})
-                await job.verified.wait()
-                if job.error is not None:
-                    raise SeedError(f"verification of sequence {seq.index} failed: {job.error!r}") from job.error
-
-    async def _verification_settled(self) -> None:
-        """Return once the verification running now (if any) has released its rows (one forward
-        thread only). There draft and target forwards cannot overlap, and a batched draft round that
-        started while some rows were being verified would split the rows into two groups that then
-        alternate for good (A drafts while B verifies, then B drafts while A verifies), each forward
-        carrying half the rows. Waiting for that one verification merges them: the rows it frees
-        join this draft round. Only the running one: rows that never draft (`parallel` calls)
-        requeue at once, and waiting for an empty queue would starve the drafting rows."""
-        running = self._verifying
-        if running is not None:
-            await running.wait()
-
-    async def _verifier(self, queue: VerifyQueue) -> None:
-        while True:
-            jobs = await queue.pop()
-            if jobs is None:
+    # ------------------------------------------------------------------ the loop
+    def _kick(self) -> None:
+        """Queue a step unless one is queued or running (that one queues the next when it ends)."""
+        with self._lock:
+            if self._step_queued or not (self._incoming or self._calls):
                 return
-            done = self._verifying = asyncio.Event()
-            try:
-                await self._verify(jobs, queue)
-                await asyncio.sleep(0)  # the released workers run first and queue their next drafts
-            except Exception as err:  # outside the forward (e.g. its executor refused the work, as at
-                # interpreter exit): the jobs' workers must raise it, or their callers wait forever
-                for job in jobs:  # `_verify` extends this list in place with the jobs it took (take_more)
-                    if not job.verified.is_set():
-                        job.error = err
-                        job.verified.set()
-            finally:
-                if self._verifying is done:  # not a later run's (this task may be winding down)
-                    self._verifying = None
-                done.set()
+            self._step_queued = True
+        try:
+            self._executor.defer(self._step)
+        except Exception as err:  # the executor refuses work (the interpreter is exiting): every caller gets it
+            with self._lock:
+                self._step_queued = False
+            self._fail_all(err)
 
-    async def _verify(self, jobs: list[VerifyJob], queue: VerifyQueue) -> None:
-        """One target forward for `jobs` (and, on one forward thread, the drafts queued while it waited)."""
-        if self._one_thread:  # wait for the forward thread: drafts running before us join this forward
-            await after_queued_work(self._target_pool)
-            jobs = queue.take_more(jobs)
-        calls = {id(j.call): j.call for j in jobs}.values()
-        starts = {id(c): c.now() for c in calls}
-        for c in calls:
-            c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(queue)})
-        outcomes = await asyncio.get_running_loop().run_in_executor(
-            self._target_pool, self._streams.run, _verify_isolated, self.engine.target, jobs, self.engine.vocab_size)
-        for job, outcome in zip(jobs, outcomes):
-            if isinstance(outcome, Exception):  # confined to this job's sequence
-                job.error = outcome
+    def _step(self) -> None:
+        self._guarded_step()
+        with self._lock:
+            self._step_queued = False
+        self._kick()
+
+    def _guarded_step(self) -> None:
+        self._in_step = True
+        try:
+            self._admit()
+            self._draft_phase()
+            self._verify_phase()
+            self._calls = [c for c in self._calls if not c.over]
+        except Exception as err:  # a fault of the loop itself, outside any row's round: no caller may hang on it
+            log.exception("the SEED step loop failed")
+            self._fail_all(err)
+        finally:
+            self._in_step = False
+
+    def _admit(self) -> None:
+        with self._lock:
+            new, self._incoming = self._incoming, []
+        for call in new:
+            if call.over:  # cancelled before it started
+                continue
+            try:
+                if call.prepare is not None:
+                    call.prepare()
+            except Exception as err:
+                self._end(call, err)
+                continue
+            self._calls.append(call)
+            for _ in range(call.n_workers):
+                self._start_next(call)
+
+    def _start_next(self, call: _Call) -> None:
+        if call.waiting and not call.over:
+            call.live += 1
+            self._ready(call.waiting.popleft(), call)
+
+    def _ready(self, seq: Sequence, call: _Call) -> None:
+        """`seq` (just admitted or just verified) needs its next round, or leaves."""
+        if call.over:
+            return
+        if seq.done:
+            call.live -= 1
+            self._start_next(call)
+            if call.live == 0:
+                self._end(call, None)
+            return
+        policy = call.policy
+        if policy is None:  # a plain target step: nothing to draft, no draft model
+            self._push(seq, call, DraftTree.empty(self.engine.vocab_size), {})
+        elif policy.uses_draft_model:
+            self._to_draft.append((seq, call))
+        else:  # prompt lookup: no forward, so it drafts now
+            start = call.now()
+            try:
+                tree, node_entry = draft_rows(None, [(seq, policy)], self.engine.vocab_size)[0]
+            except Exception as err:
+                self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {err!r}"), err)
+                return
+            self._push(seq, call, tree, node_entry, start)
+
+    def _push(self, seq: Sequence, call: _Call, tree: DraftTree, node_entry: dict[int, int],
+              draft_start: float | None = None) -> None:
+        end = call.now()
+        if draft_start is not None:
+            call.events.append({"type": "draft", "worker": seq.index, "start": draft_start, "end": end,
+                                "tokens": len(tree)})
+        self._queue.push(VerifyJob(seq, tree, node_entry, end, call))
+        call.events.append({"type": "enqueue", "worker": seq.index, "t": call.now(), "queue_len": len(self._queue)})
+
+    def _draft_phase(self) -> None:
+        """Every row ready to draft, in batched rounds of the head row's call's draft_batch, FCFS."""
+        while self._to_draft:
+            limit = self._to_draft[0][1].draft_batch
+            n = len(self._to_draft) if limit is None else min(limit, len(self._to_draft))
+            batch = [row for row in (self._to_draft.popleft() for _ in range(n)) if not row[1].over]
+            if not batch:
+                continue
+            starts = [call.now() for _, call in batch]
+            try:
+                drafts = draft_rows(self.engine.draft, [(seq, call.policy) for seq, call in batch],
+                                    self.engine.vocab_size)
+            except Exception as err:  # each affected call raises it, naming its sequence
+                for seq, call in batch:
+                    self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {err!r}"), err)
+                continue
+            for (seq, call), start, (tree, node_entry) in zip(batch, starts, drafts):
+                self._push(seq, call, tree, node_entry, start)
+
+    def _verify_phase(self) -> None:
+        """The jobs queued so far, one target forward per head's verify_batch; rows requeued meanwhile
+        (plain target steps) wait for the next step, after its drafts."""
+        remaining = len(self._queue)
+        while remaining:
+            jobs = self._queue.pop(remaining)
+            remaining -= len(jobs)
+            jobs = [job for job in jobs if not job.call.over]
+            if not jobs:
+                continue
+            calls = {id(job.call): job.call for job in jobs}.values()
+            starts = {id(c): c.now() for c in calls}
+            for c in calls:
+                c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
+            outcomes = _verify_isolated(self.engine.target, jobs, self.engine.vocab_size)
+            for job, outcome in zip(jobs, outcomes):
+                call = job.call
+                if isinstance(outcome, Exception):  # confined to this job's call
+                    self._end(call, SeedError(f"verification of sequence {job.seq.index} failed: {outcome!r}"),
+                              outcome)
+                    continue
+                if call.over:
+                    continue
+                if call.policy is not None:
+                    call.policy.observe(job.seq, job.tree, outcome)
+                call.events.append({
+                    "type": "verify", "worker": job.seq.index, "start": starts[id(call)], "end": call.now(),
+                    "enqueued": job.enqueued, "accepted": len(outcome.path), "resampled": outcome.resampled,
+                    "batch": len(jobs)})
+                self._ready(job.seq, call)
+
+    def _end(self, call: _Call, error: BaseException | None, cause: BaseException | None = None) -> None:
+        try:
+            if error is None:
+                for seq in call.seqs:
+                    seq.stats.events = call.events
+                call.future.set_result(call.events)
             else:
-                if job.call.policy is not None:
-                    job.call.policy.observe(job.seq, job.tree, outcome)  # on the event loop: no locks needed
-                job.call.events.append({
-                    "type": "verify", "worker": job.seq.index, "start": starts[id(job.call)],
-                    "end": job.call.now(), "enqueued": job.enqueued, "accepted": len(outcome.path),
-                    "resampled": outcome.resampled, "batch": len(jobs)})
-            job.verified.set()
+                error.__cause__ = cause
+                call.future.set_exception(error)
+        except InvalidStateError:  # its caller cancelled it meanwhile
+            pass
+
+    def _fail_all(self, err: BaseException) -> None:
+        with self._lock:
+            calls, self._incoming = self._incoming + self._calls, []
+        self._calls = []
+        self._queue = VerifyQueue()
+        self._to_draft.clear()
+        for call in calls:
+            self._end(call, err)
 
 
 def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:

@@ -1,11 +1,14 @@
-"""One speculative round of one sequence, written straight through (after gpt-fast's generate.py).
+"""The rounds every mode is made of, written straight through (after gpt-fast's generate.py).
 
-    draft_round   the draft model grows the tree a DraftPolicy plans (engine/policies; the `fixed`
-                  policy: k_config[d] children per node at depth d+1)
-    verify_round  the target scores every tree node in one forward, accept_tokens walks the tree,
-                  both caches keep only the accepted path
-AR is the same round with an empty tree; SD is a chain k_config; MCSD a wider tree; SEED schedules
-these two halves of many sequences on different threads.
+    draft_rows    the draft model grows, for every row at once, the tree its DraftPolicy plans
+                  (engine/policies; the `fixed` policy: k_config[d] children per node at depth d+1):
+                  one draft forward per step, every row still drafting in it
+    score_rows    the target scores every row's pending tokens + tree in one forward
+    accept_rows   every greedy row and every sampled chain decided on the device at once, one
+                  transfer back (verify.py); a branching sampled tree walked on the host
+                  (accept_tokens); both caches keep only the accepted path
+AR is a round with an empty tree; SD a chain k_config; MCSD a wider tree; SEED's scheduler (seed.py)
+runs these rounds for every active row of every call, a batch of one being a batch.
 """
 from __future__ import annotations
 
@@ -44,29 +47,70 @@ def extend(model, kv, tokens: list[int], features: torch.Tensor | None = None) -
     kv.commit(list(range(len(kv.parents))))
 
 
+def forward_rows(model, caches, tokens: list[list[int]], parents: list[list[int]], what: str,
+                 features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
+    """One forward of every row: a row alone goes through its cache (`KVCache.forward`, which takes the
+    batched path where the model allows it and the stock path where no batched mask is exact: ALiBi),
+    several rows through `forward_batch`. logits_to_keep: a row alone only."""
+    if len(caches) == 1:
+        row_features = None if features is None else features[0]
+        return [caches[0].forward(model, tokens[0], parents[0], logits_to_keep=logits_to_keep, features=row_features)]
+    return forward_batch(model, caches, tokens, parents, what=what,
+                         features=features if features is not None and any(f is not None for f in features) else None)
+
+
 @torch.inference_mode()
+def draft_rows(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
+               params: SamplingParams | None = None) -> list[tuple[DraftTree, dict[int, int]]]:
+    """One draft round for every (sequence, its call's policy): one draft forward per step of the
+    longest round, every row still drafting in it. Each round is its policy's state machine fed its
+    own row's logits and drawing from its own sequence's generator, so a row's draft does not depend
+    on which rows share its forwards. Each row drafts with its sequence's params (or `params`).
+    Returns, per row, the tree and, per tree node fed to the draft model, its draft-cache entry."""
+    by_policy: dict[int, tuple[DraftPolicy, list[Sequence]]] = {}
+    for seq, policy in rows:
+        by_policy.setdefault(id(policy), (policy, []))[1].append(seq)
+    for policy, seqs in by_policy.values():
+        policy.plan_batch(seqs, len(rows))
+    seqs = [seq for seq, _ in rows]
+    start = time.perf_counter()
+    rounds = [policy.begin(seq, params or seq.rule.params, vocab_size) for seq, policy in rows]
+    feeds = [r.first_feed() for r in rounds]
+    while True:
+        active = [i for i, feed in enumerate(feeds) if feed is not None]
+        if not active:
+            break
+        # a row alone reads only the logits it needs; a batch returns every entry's
+        keep = feeds[active[0]].keep if len(active) == 1 else 0
+        logits = forward_rows(model, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
+                              [feeds[i].parents for i in active], "batched drafting (draft_batch > 1)",
+                              [feeds[i].features for i in active], logits_to_keep=keep)
+        # policies that read the draft's hidden states (specdec, auto with a head): the capture holds
+        # the forward's [rows, entries, hidden], row j's first entries its own (after `keep` cut them)
+        hidden = {id(c): c.take_rows() for c in {id(rows[i][1].capture): rows[i][1].capture for i in active
+                                                 if rows[i][1].capture is not None}.values()}
+        for j, (i, row_logits) in enumerate(zip(active, logits)):
+            seqs[i].stats.draft_forwards += 1 / len(active)  # one forward shared by the active rows
+            capture = rows[i][1].capture
+            row_hidden = hidden[id(capture)][j, :keep or len(feeds[i].tokens)] if rounds[i].needs_hidden else None
+            feeds[i] = rounds[i].step(row_logits, row_hidden)
+    busy = time.perf_counter() - start
+    out = []
+    for seq, rnd in zip(seqs, rounds):
+        tree, node_entry = rnd.finish()
+        seq.stats.drafted += len(tree)
+        seq.stats.draft_depth += tree.depth()
+        seq.stats.draft_busy_s += busy / len(seqs)
+        out.append((tree, node_entry))
+    return out
+
+
 def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], params: SamplingParams,
                 vocab_size: int) -> tuple[DraftTree, dict[int, int]]:
-    """Run one draft round of `policy` (a DraftPolicy, or a k_config: the `fixed` policy) for one
-    sequence, one draft forward per step the policy asks for. Returns the tree and, per tree node
-    fed to the draft model, its draft-cache entry."""
+    """`draft_rows` for one sequence; `policy` may be a k_config (the `fixed` policy of that shape)."""
     if not isinstance(policy, DraftPolicy):
         policy = FixedPolicy(policy)
-    kv = seq.draft
-    start = time.perf_counter()
-    rnd = policy.begin(seq, params, vocab_size)
-    feed = rnd.first_feed()
-    while feed is not None:
-        logits = kv.forward(model, feed.tokens, feed.parents, logits_to_keep=feed.keep, features=feed.features)
-        seq.stats.draft_forwards += 1
-        # the capture holds what reached the head: feed.keep entries (all when 0), then any row padding
-        hidden = policy.capture.take()[: feed.keep or len(feed.tokens)] if rnd.needs_hidden else None
-        feed = rnd.step(logits, hidden)
-    tree, node_entry = rnd.finish()
-    seq.stats.drafted += len(tree)
-    seq.stats.draft_depth += tree.depth()
-    seq.stats.draft_busy_s += time.perf_counter() - start
-    return tree, node_entry
+    return draft_rows(model, [(seq, policy)], vocab_size, params)[0]
 
 
 @torch.inference_mode()
@@ -97,11 +141,8 @@ def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]],
     the greedy rows' argmaxes are taken for all of them at once: one op, one transfer to the host."""
     start = time.perf_counter()
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
-    if len(jobs) == 1:  # KVCache.forward: also the stock path of models no batched mask can serve (ALiBi)
-        all_logits = [jobs[0][0].target.forward(model, inputs[0][0], inputs[0][1])]
-    else:
-        all_logits = forward_batch(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
-                                   [p for _, p, _ in inputs])
+    all_logits = forward_rows(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
+                              [p for _, p, _ in inputs], "batched verification (verify_batch > 1)")
     best = _greedy_argmax(jobs, all_logits, [n_p for _, _, n_p in inputs], vocab_size)
     busy = time.perf_counter() - start
     # a drafter that reads the target's hidden states gets them from this forward (target_features.py)

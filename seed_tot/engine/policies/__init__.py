@@ -21,11 +21,10 @@ The interface (base.py), designed so that a batched scheduler can drive many row
     round.finish() -> (DraftTree, node_entry)                 the tree to verify and, per node fed to
                                                              the draft, its draft-cache entry
     policy.observe(seq, tree, acceptance)                     after verification (estimates, records)
-A round never calls a model: the driver runs `seq.draft.forward(model, feed.tokens, feed.parents)`
-(speculative.draft_round for one sequence), so a scheduler can put many rows' feeds into one
-forward. `round.needs_hidden` asks for the draft's final hidden states of the fed entries
-(`policy.capture`, a thread-local lm_head pre-hook, provides them to the single-row driver and,
-row by row, to batched drafting).
+A round never calls a model: the one driver (speculative.draft_rows) puts every active row's feed
+into one draft forward per step, a row alone being a batch of one. `round.needs_hidden` asks for the
+draft's final hidden states of the fed entries (`policy.capture`, a thread-local lm_head pre-hook,
+provides them row by row).
 Per-sequence state lives in the policy keyed by the sequence object and is dropped when the
 sequence is done; nothing here starts threads or holds locks.
 
