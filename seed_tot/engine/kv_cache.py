@@ -21,7 +21,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from . import row_attention
+from . import graphed_forward, row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import pool_of
 from .masks import AttentionLayout, batched_visibility, build_attention_mask, tree_visibility, window_masks
@@ -135,7 +135,8 @@ def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tu
 
 def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)",
-                  features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
+                  features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0,
+                  fixed_shapes: "bool | graphed_forward.Buckets | None" = None) -> list[torch.Tensor]:
     """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
@@ -143,6 +144,10 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     nothing but a row's own entries ever reaches its slots. Every row attends exactly to what it would
     alone, over the pool (row_attention.py); models whose attention cannot read the pool (Falcon) take
     `_forward_batch_copied`. logits_to_keep (one row only): the logits of its last entries only.
+    fixed_shapes: run at a bucketed shape (graphed_forward.py): None, on CUDA only, where the bucket's
+    CUDA graph replays it; True (the default buckets) or a `graphed_forward.Buckets` anywhere, eagerly
+    off CUDA (tests prove padding changes nothing); False never. Forwards a fixed shape cannot serve
+    (target features, capture hooks, a prefill above the buckets) run `_forward_packed`.
     """
     layout = layout_of(model)
     layout.check_tree_masks(what)
@@ -153,11 +158,33 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     pool = pool_of(model)
     for kv in caches:
         kv.cache.bind(pool)
-    device, dtype = model.device, model.dtype
     windows = row_attention.layer_windows(model, layout)
+    n_new = [len(t) for t in tokens]
+    all_parents = [kv.parents + list(pars) for kv, pars in zip(caches, parents)]
+    visibility = batched_visibility([kv.committed for kv in caches], all_parents, [len(kv.parents) for kv in caches])
+    fixed = graphed_forward.bucket(model, fixed_shapes, features, n_new, visibility[0].shape[-1])
+    if fixed is not None:
+        runner, shape = fixed
+        with pool.scoring([kv.cache.line for kv in caches], n_new, on_device=False) as plan:
+            logits = runner.run(model, layout, windows, pool, plan, shape, tokens, n_new, *visibility,
+                                keep=logits_to_keep)
+        rows = [logits] if logits_to_keep else list(logits.split(n_new))
+    else:
+        rows = _forward_packed(model, layout, pool, caches, tokens, windows, visibility, features, logits_to_keep)
+    for kv, pars in zip(caches, all_parents):
+        kv.parents = pars
+    return rows
+
+
+def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache], tokens: list[list[int]],
+                    windows: list[int | None], visibility: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                    features: list[torch.Tensor | None] | None, logits_to_keep: int) -> list[torch.Tensor]:
+    """`forward_batch` at exactly the rows' size: every row's logits (or the last `logits_to_keep`)."""
+    device, dtype = model.device, model.dtype
+    allowed, query_pos, key_pos = visibility
+    n_new = [len(t) for t in tokens]
     # packed, not padded (EMS-SD): the rows' queries follow each other in one sequence, so every linear
     # layer and the LM head run on the real entries only; row_attention.py gives each row its own slice
-    n_new = [len(t) for t in tokens]
     starts, at = [], 0
     for n in n_new:
         starts.append(at)
@@ -166,9 +193,6 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
     # they belong to no row: they attend to nothing and never reach storage
     n_query = padded_rows(model, n_real)
-    all_parents = [kv.parents + list(pars) for kv, pars in zip(caches, parents)]
-    allowed, query_pos, key_pos = batched_visibility([kv.committed for kv in caches], all_parents,
-                                                     [len(kv.parents) for kv in caches])
     masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
     if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
         packed = query_pos[:, 0]
@@ -183,12 +207,11 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     if logits_to_keep:
         extra["logits_to_keep"] = logits_to_keep + n_query - n_real
     with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
-        batch = row_attention.RowBatchCache(model.config, pool, plan, n_new, starts, n_query, masks, windows, history)
+        batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
+                                                   history)
         with row_attention.active_batch(batch):
             out = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch), **extra)
-    for kv, pars in zip(caches, all_parents):
-        kv.parents = pars
     if logits_to_keep:
         return [out.logits[0, :logits_to_keep]]
     return list(out.logits[0, :n_real].split(n_new))  # one op for every row's view

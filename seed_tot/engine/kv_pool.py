@@ -13,6 +13,11 @@ under a lock when a forward begins (`scoring`), so concurrent forwards write dis
 doubles a storage tensor and copies it, which would lose what a forward in flight writes into the old
 one, so growth waits until no forward of the pool is in flight. The table and the counts live on the
 CPU and are touched only under the lock; the storage lives on the model's device.
+
+Slot SCRATCH is never handed to a row: it is what padding reads (masked keys) and where padding
+entries write (graphed_forward.py's fixed shapes), so a padding entry never touches a real row's
+slot. It is zeroed when a layer's storage is made, so a masked read of it is always finite.
+`generation` counts the storage tensors' reallocations: a CUDA graph holds their addresses.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from .model_state import state_of
 MIN_SLOTS = 1024
 MIN_WIDTH = 256
 MIN_LINES = 16
+SCRATCH = 0  # the slot padding reads and writes (see the module doc)
 
 
 class Line:
@@ -45,7 +51,7 @@ class ScoringPlan:
     """The slots of one forward: where each row's new entries go and what every row reads afterwards."""
 
     write_slots: torch.Tensor  # [sum n_new] on the storage device, the rows' new entries in packed order
-    read_index: torch.Tensor  # [rows, longest history] on the storage device; padding reads slot 0 (masked)
+    read_index: torch.Tensor  # [rows, longest history] on the storage device; padding reads SCRATCH (masked)
 
 
 class KVPool:
@@ -62,6 +68,7 @@ class KVPool:
         self.table = torch.zeros(0, MIN_WIDTH, dtype=torch.long)
         self.free_lines: list[int] = []
         self.copy_s = 0.0  # seconds spent growing the storage (the one KV copy left)
+        self.generation = 0  # bumped whenever a storage tensor is (re)allocated: graphs hold the old addresses
         self._cond = threading.Condition()
         self._create = threading.Lock()
         self._in_flight = 0
@@ -139,8 +146,9 @@ class KVPool:
 
     # ------------------------------------------------------------------ forwards
     @contextmanager
-    def scoring(self, lines: list[Line], n_new: list[int]):
-        """Hand out slots for a forward that adds n_new[b] entries to row b; yields a ScoringPlan.
+    def scoring(self, lines: list[Line], n_new: list[int], on_device: bool = True):
+        """Hand out slots for a forward that adds n_new[b] entries to row b; yields a ScoringPlan
+        (on the host where not on_device: a fixed-shape forward copies it into its own buffers).
         The rows' lengths grow at once: the forward writes every layer before anyone reads them."""
         total = sum(n_new)
         with self._cond, torch.inference_mode(False):
@@ -162,11 +170,11 @@ class KVPool:
                 line.length = length
             width = max(lengths, default=0)
             read = self.table[[line.index for line in lines], :width]
-            # a row shorter than the longest reads slot 0 past its end: its mask hides those keys
-            read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], 0)
+            # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
+            read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
             self._in_flight += 1
         try:
-            on_host = self.device.type == "cpu"  # no transfer to make, not even a no-op one
+            on_host = self.device.type == "cpu" or not on_device  # no transfer to make, not even a no-op one
             yield ScoringPlan(slots if on_host else slots.to(self.device), read if on_host else read.to(self.device))
         finally:
             with self._cond:
@@ -186,8 +194,12 @@ class KVPool:
         refs[:old] = self.refs
         free = torch.empty(capacity, dtype=torch.long)
         free[: self.n_free] = self.free[: self.n_free]
-        free[self.n_free: self.n_free + capacity - old] = torch.arange(capacity - 1, old - 1, -1)
-        self.refs, self.free, self.n_free, self.capacity = refs, free, self.n_free + capacity - old, capacity
+        first = max(old, SCRATCH + 1)  # the scratch slot is never free: no row ever holds it
+        free[self.n_free: self.n_free + capacity - first] = torch.arange(capacity - 1, first - 1, -1)
+        refs[SCRATCH] = 1
+        self.refs, self.free, self.n_free, self.capacity = refs, free, self.n_free + capacity - first, capacity
+        if self.keys:
+            self.generation += 1
         if old:
             self.copy_s += time.perf_counter() - start
 
@@ -205,8 +217,11 @@ class KVPool:
             # one, so that a forward in any mode writes it without entering inference mode first
             with self._create, torch.inference_mode(False):
                 if layer not in self.keys:
-                    self.values[layer] = values.new_empty((self.capacity,) + values.shape[1:])
-                    self.keys[layer] = keys.new_empty((self.capacity,) + keys.shape[1:])
+                    for store, like in ((self.values, values), (self.keys, keys)):
+                        tensor = like.new_empty((self.capacity,) + like.shape[1:])
+                        tensor[SCRATCH].zero_()  # masked reads of it must be finite (0 * NaN is NaN)
+                        store[layer] = tensor
+                    self.generation += 1
         self.keys[layer].index_copy_(0, slots, keys)
         self.values[layer].index_copy_(0, slots, values)
 

@@ -209,12 +209,22 @@ def batched_visibility(committed: list[int], parents: list[list[int]], n_old: li
 
 def window_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, windows: set,
                  dtype: torch.dtype, device) -> dict:
-    """Additive masks [B, 1, Q, K] per window (None: full), by the rule key_pos > query_pos - window."""
+    """Additive masks [B, 1, Q, K] per window (None: full), by the rule key_pos > query_pos - window,
+    built where the inputs are and moved to `device`."""
+    return {window: mask.to(device) for window, mask in additive_masks(allowed, query_pos, key_pos, windows,
+                                                                        dtype).items()}
+
+
+def additive_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, windows: set,
+                   dtype: torch.dtype) -> dict:
+    """`window_masks` on the inputs' own device. No host-made tensor and no host sync, so that a CUDA
+    graph can capture it: a fixed-shape forward (graphed_forward.py) builds its masks inside the graph
+    from the row metadata it copied in."""
     masks = {}
     for window in windows:
         visible = allowed
         if window is not None:
             visible = allowed & ((query_pos[:, :, None] - key_pos[:, None, :]) < window)
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-        masks[window] = mask[:, None].to(device)
+        mask = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device)
+        masks[window] = mask.masked_fill_(visible, 0.0)[:, None]
     return masks

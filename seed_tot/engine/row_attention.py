@@ -68,39 +68,51 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
 class RowBatchCache(Cache):
     """The `past_key_values` of one packed batched forward over rows of one KV pool (kv_pool.py).
 
-    The forward runs one sequence of queries: row b's n_new[b] entries at [starts[b], starts[b] + n_new[b]),
-    rows one after another, then any padding queries (which belong to no row and reach no storage).
-    Everything per row is laid out once per forward, as index tensors, so that each layer costs the same
-    handful of tensor ops however many rows there are:
-      write_slots [n_real]      the pool slots of the real queries' new entries, in packed order
+    The forward runs one sequence of n_query queries: row b's n_new[b] entries at [starts[b], starts[b] +
+    n_new[b]), rows one after another, then any padding queries (which belong to no row). Everything per
+    row is laid out once per forward, as index tensors, so that each layer costs the same handful of
+    tensor ops however many rows there are:
+      write_slots [n_write]     the pool slots of the first n_write queries' new entries, in packed order
       read_index  [B, K]        every row's history after the forward, padded (padding reads are masked)
-      q_index     [B * Q]       packed query of row b's i-th new entry (0 for padding; none when
-                                every row has one entry: then packed query b is row b's)
-      out_index   [n_real]      where packed query j sits in the [B * Q] layout
-      masks       {window: [B, 1, Q, K]} additive masks (tree structure + the layer's sliding window)."""
+      q_index     [B * Q]       packed query of row b's i-th new entry (any query for padding; none when
+                                `one_each`: every row has one entry, packed query b is row b's)
+      out_index               where packed query j sits in the [B * Q] layout (the real queries, or
+                                every query of a fixed shape: graphed_forward.py)
+      masks       {window: [B, 1, Q, K]} additive masks (tree structure + the layer's sliding window).
+    `packed` lays out a forward of exactly its rows; graphed_forward.py builds one of a bucketed shape
+    from its static buffers, whose padding queries write the pool's scratch slot."""
 
-    def __init__(self, config, pool, plan, n_new: list[int], starts: list[int], n_query: int, masks: dict,
-                 windows: list[int | None], history: int):
+    def __init__(self, config, pool, write_slots: torch.Tensor, read_index: torch.Tensor, masks: dict,
+                 windows: list[int | None], history: int, *, rows: int, width: int, n_query: int, n_write: int,
+                 one_each: bool, q_index: torch.Tensor | None = None, out_index: torch.Tensor | None = None,
+                 valid: torch.Tensor | None = None):
         super().__init__(layers=[])
-        self.config, self.pool, self.n_new, self.starts, self.n_query = config, pool, n_new, starts, n_query
-        self.masks, self.windows, self.history = masks, windows, history
-        self.write_slots, self.read_index = plan.write_slots, plan.read_index
-        self.n_real = sum(n_new)
-        self.rows, self.width = len(n_new), max(n_new)
+        self.config, self.pool, self.masks, self.windows, self.history = config, pool, masks, windows, history
+        self.write_slots, self.read_index = write_slots, read_index
+        self.rows, self.width, self.n_query, self.n_write, self.one_each = rows, width, n_query, n_write, one_each
+        self.q_index, self.out_index, self.valid = q_index, out_index, valid
+
+    @classmethod
+    def packed(cls, config, pool, plan, n_new: list[int], starts: list[int], n_query: int, masks: dict,
+               windows: list[int | None], history: int) -> "RowBatchCache":
+        """The cache of a forward of exactly these rows (padding queries, if any, reach no storage)."""
+        rows, width = len(n_new), max(n_new)
+        layout = dict(rows=rows, width=width, n_query=n_query, n_write=sum(n_new))
         # a decode step (one entry per row) is already in [rows, 1] order: no unpacking to index
-        self.one_each = all(n == 1 for n in n_new)
-        if self.one_each:
-            return
+        if all(n == 1 for n in n_new):
+            return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=True,
+                       **layout)
         device = plan.read_index.device
-        query = torch.arange(self.width)[None]
-        self.valid = query < torch.tensor(n_new)[:, None]  # [B, Q]
-        q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~self.valid, 0)
-        self.q_index = q_index.reshape(-1).to(device)
-        self.out_index = (torch.arange(self.rows)[:, None] * self.width + query)[self.valid].to(device)
-        self.valid = self.valid.to(device)
+        query = torch.arange(width)[None]
+        valid = query < torch.tensor(n_new)[:, None]  # [B, Q]
+        q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~valid, 0)
+        out_index = (torch.arange(rows)[:, None] * width + query)[valid]
+        return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=False,
+                   q_index=q_index.reshape(-1).to(device), out_index=out_index.to(device), valid=valid.to(device),
+                   **layout)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        n = self.n_real  # padding queries' entries are never stored
+        n = self.n_write  # a packed forward's padding queries' entries are never stored
         self.pool.write(layer_idx, self.write_slots, key_states[0, :, :n].transpose(0, 1),
                         value_states[0, :, :n].transpose(0, 1))
         return key_states, value_states  # unused: the attention reads the pool
@@ -150,8 +162,8 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         out = out.reshape(rows, n_heads, head_dim)
     else:
         out = out.transpose(1, 2).reshape(rows * width, n_heads, head_dim).index_select(0, batch.out_index)
-    if n_query > batch.n_real:  # padding queries (no row's) get zeros: their outputs are dropped
-        out = torch.cat([out, out.new_zeros(n_query - batch.n_real, n_heads, head_dim)])
+    if n_query > out.shape[0]:  # padding queries (no row's) get zeros: their outputs are dropped
+        out = torch.cat([out, out.new_zeros(n_query - out.shape[0], n_heads, head_dim)])
     return out[None], None
 
 
@@ -170,8 +182,8 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     (row b's n_new[b] entries first, right-padded with zeros): the layout a hidden-state capture's
     readers index. Anything else is returned as it is."""
     batch = getattr(_active, "batch", None)
-    if batch is None or hidden.shape[:2] != (1, batch.n_query):
-        return hidden
+    if batch is None or hidden.shape[:2] != (1, batch.n_query) or (batch.valid is None and not batch.one_each):
+        return hidden  # a fixed-shape forward never runs under a capture hook (graphed_forward.py)
     if batch.one_each:
         return hidden[0, :batch.rows, None]
     rows = hidden[0].index_select(0, batch.q_index).view(batch.rows, batch.width, -1)
