@@ -46,7 +46,7 @@ from .draft_tree import DraftTree
 from .forward_thread import ForwardThread
 from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
-from .speculative import accept_row, draft_rows, score_rows
+from .speculative import accept_rows, draft_rows, score_rows
 
 log = logging.getLogger(__name__)
 
@@ -345,16 +345,11 @@ def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:
     row cannot take down other callers' rows. Returns an Acceptance or the exception, per job."""
     rows = [(j.seq, j.tree, j.node_entry) for j in jobs]
     try:
-        scored = score_rows(model, rows, vocab_size)
+        scored = score_rows(model, rows)
     except Exception as err:
         if len(jobs) == 1:
             return [err]
         log.warning("a batched verification of %d sequences failed (%r); verifying them one by one", len(jobs), err)
         return [outcome for job in jobs for outcome in _verify_isolated(model, [job], vocab_size)]
-    outcomes = []
-    for row, score in zip(rows, scored):
-        try:
-            outcomes.append(accept_row(row, score, None, vocab_size))
-        except Exception as err:
-            outcomes.append(err)
-    return outcomes
+    # every row decided at once (one transfer of the decisions), each row's failure its own
+    return accept_rows(rows, scored, vocab_size)

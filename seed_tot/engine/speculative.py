@@ -12,10 +12,12 @@ runs these rounds for every active row of every call, a batch of one being a bat
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .draft_tree import DraftTree
 from .kv_cache import forward_batch
@@ -25,7 +27,7 @@ from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
 from .target_features import TargetHidden
-from .verify import Acceptance, accept_greedy, accept_tokens
+from .verify import Acceptance, accept_tokens, chain_uniforms, decide_on_device, is_chain
 
 
 def _chain_parents(n: int) -> list[int]:
@@ -117,8 +119,11 @@ def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], par
 def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
                  node_entry: dict[int, int] | None = None) -> Acceptance:
     """Score pending tokens + tree in one target forward, accept, and commit both caches."""
-    row = score_rows(model, [(seq, tree, node_entry)], vocab_size if params.greedy else None)[0]
-    return accept_row((seq, tree, node_entry), row, params, vocab_size)
+    job = (seq, tree, node_entry)
+    outcome = accept_rows([job], score_rows(model, [job]), vocab_size, params)[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 @dataclass
@@ -130,47 +135,102 @@ class ScoredRow:
     busy_s: float
     rows: int
     hidden: torch.Tensor | None = None  # the target's hidden states of its entries, when a drafter reads them
-    best: list[int] | None = None  # a greedy row: the target's argmax after its root and after each tree node
 
 
 @torch.inference_mode()
-def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]],
-               vocab_size: int | None = None) -> list[ScoredRow]:
+def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) -> list[ScoredRow]:
     """The target forward of a verification: every job's row in one forward.
-    Nothing is committed yet, so a failure here leaves every sequence as it was. With `vocab_size`,
-    the greedy rows' argmaxes are taken for all of them at once: one op, one transfer to the host."""
+    Nothing is committed yet, so a failure here leaves every sequence as it was."""
     start = time.perf_counter()
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
     all_logits = forward_rows(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
                               [p for _, p, _ in inputs], "batched verification (verify_batch > 1)")
-    best = _greedy_argmax(jobs, all_logits, [n_p for _, _, n_p in inputs], vocab_size)
     busy = time.perf_counter() - start
     # a drafter that reads the target's hidden states gets them from this forward (target_features.py)
     hidden = TargetHidden.of(model).take_rows() if any(seq.features is not None for seq, _, _ in jobs) else None
-    return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)], best[b])
+    return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)])
             for b, (logits, (tokens, _, n_p)) in enumerate(zip(all_logits, inputs))]
 
 
-def _greedy_argmax(jobs, all_logits: list[torch.Tensor], n_pending: list[int], vocab_size: int | None) -> list:
-    """Per job: the argmax of each entry from its root on (a greedy row), or None."""
-    greedy = [b for b, (seq, _, _) in enumerate(jobs) if vocab_size and seq.rule.params.greedy]
-    best: list = [None] * len(jobs)
-    if not greedy:
-        return best
-    picks = torch.cat([all_logits[b][n_pending[b] - 1:, :vocab_size] for b in greedy]).argmax(-1).tolist()
-    at = 0
-    for b in greedy:
-        n = all_logits[b].shape[0] - n_pending[b] + 1
-        best[b], at = picks[at: at + n], at + n
-    return best
+@torch.inference_mode()
+def accept_rows(jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], scored: list[ScoredRow], vocab_size: int,
+                params: SamplingParams | None = None) -> list[Acceptance | Exception]:
+    """Accept and commit every job of one verification (each with its sequence's params, or `params`);
+    per job its Acceptance or the exception that ended it, a failure confined to its own row.
+    The device decides every greedy row and every sampled chain together, and one transfer brings the
+    decisions back (verify.decide_on_device); a sampled tree that branches is walked on the host."""
+    decisions = _decide(jobs, scored, vocab_size, params)
+    outcomes: list[Acceptance | Exception] = []
+    for job, row, decision in zip(jobs, scored, decisions):
+        if isinstance(decision, Exception):
+            outcomes.append(decision)
+            continue
+        try:
+            outcomes.append(accept_row(job, row, params, vocab_size, decision))
+        except Exception as err:
+            outcomes.append(err)
+    return outcomes
+
+
+def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingParams | None) -> list:
+    """Per job: the device's Acceptance, the exception deciding it raised, or None (a branching
+    sampled tree, walked when it commits)."""
+    rules = [params or seq.rule.params for seq, _, _ in jobs]
+    greedy = [b for b, rule in enumerate(rules) if rule.greedy]
+    # grouped by params, so that each group's p is one process_logits call
+    chains = sorted((b for b, (_, tree, _) in enumerate(jobs) if not rules[b].greedy and is_chain(tree)),
+                    key=lambda b: _params_key(rules[b]))
+    # drawn once, before anything can fail: a row decided again alone below reuses its own draws
+    uniforms = {b: chain_uniforms(jobs[b][1], jobs[b][0].generator) for b in chains}
+    out: list = [None] * len(jobs)
+    try:
+        _decide_together(jobs, scored, rules, vocab_size, greedy, chains, uniforms, out)
+    except Exception as err:
+        if len(greedy) + len(chains) == 1:
+            out[(greedy + chains)[0]] = err
+            return out
+        logging.getLogger(__name__).warning("deciding %d rows together failed (%r); deciding them one by one",
+                                            len(greedy) + len(chains), err)
+        for b in greedy + chains:
+            try:
+                _decide_together(jobs, scored, rules, vocab_size, [b] if b in greedy else [],
+                                 [b] if b in uniforms else [], uniforms, out)
+            except Exception as row_err:
+                out[b] = row_err
+    return out
+
+
+def _decide_together(jobs, scored: list[ScoredRow], rules: list[SamplingParams], vocab_size: int,
+                     greedy: list[int], chains: list[int], uniforms: dict[int, list[float]], out: list) -> None:
+    greedy_rows = [(jobs[b][1], scored[b].logits[scored[b].n_pending - 1:, :vocab_size]) for b in greedy]
+    probs = None
+    if chains:
+        # p after each chain row's root and after each of its nodes, padded to the longest chain
+        logits = pad_sequence([scored[b].logits[scored[b].n_pending - 1: scored[b].n_pending + len(jobs[b][1])]
+                               for b in chains], batch_first=True)
+        groups, first = [], 0
+        for end in range(1, len(chains) + 1):
+            if end == len(chains) or _params_key(rules[chains[end]]) != _params_key(rules[chains[first]]):
+                groups.append(process_logits(logits[first:end], rules[chains[first]], vocab_size))
+                first = end
+        probs = torch.cat(groups) if len(groups) > 1 else groups[0]
+    decided = decide_on_device(greedy_rows, [jobs[b][1] for b in chains], probs, [uniforms[b] for b in chains])
+    for b, acc in zip(greedy + chains, decided):
+        out[b] = acc
+
+
+def _params_key(params: SamplingParams) -> tuple:
+    """What process_logits reads of a sampled row's params."""
+    return params.temperature, params.top_k, params.top_p
 
 
 @torch.inference_mode()
 def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, params: SamplingParams | None,
-               vocab_size: int) -> Acceptance:
+               vocab_size: int, acc: Acceptance | None = None) -> Acceptance:
+    """Commit one job: `acc` as decided (accept_rows), or, without it, as the host walk decides."""
     seq, tree, node_entry = job
     return _accept_and_commit(seq, tree, node_entry, row.logits, row.n_pending, row.busy_s, row.rows,
-                              params or seq.rule.params, vocab_size, row.hidden, row.best)
+                              params or seq.rule.params, vocab_size, row.hidden, acc)
 
 
 def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
@@ -183,16 +243,15 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int]
 
 def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
                        n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int,
-                       hidden: torch.Tensor | None = None, best: list[int] | None = None) -> Acceptance:
+                       hidden: torch.Tensor | None = None, acc: Acceptance | None = None) -> Acceptance:
     """`busy` seconds of one target forward that verified `rows` sequences: this row's share is 1/rows."""
-    if params.greedy and best is not None:  # argmaxes already on the host (score_rows)
-        acc = accept_greedy(tree, best)
-    else:
+    if acc is None:  # not decided on the device (a branching sampled tree): the host walk
         target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
         acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
     kept = list(range(n_p)) + [n_p + i for i in acc.path]
     if seq.features is not None and hidden is not None:  # f of every committed entry, by position
-        seq.features.put(seq.target.committed, hidden[kept])
+        # a chain keeps a prefix: a slice, where indexing by a list would copy the list to the device
+        seq.features.put(seq.target.committed, hidden[: len(kept)] if _is_prefix(kept) else hidden[kept])
     seq.target.commit(kept)
     seq.stats.verifications += 1
     seq.stats.target_forwards += 1 / rows
@@ -202,6 +261,10 @@ def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int
     commit_draft(seq, acc, node_entry)
     seq.append(acc.tokens)
     return acc
+
+
+def _is_prefix(entries: list[int]) -> bool:
+    return entries == list(range(len(entries)))
 
 
 def commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | None) -> None:

@@ -19,6 +19,9 @@ they leave. That is exact because the ratio rule is exact against any current di
 emits x with probability r(x) overall), and the residual is what the target's p is, given that the
 deterministic candidates were rejected.
 Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
+Greedy rows and sampled chains are decided on the device instead, every row of a verification in
+one computation with one transfer of the decisions (`decide_on_device`, below); the walk serves
+sampled trees that branch.
 """
 from __future__ import annotations
 
@@ -125,3 +128,109 @@ def _try_deterministic(tree: DraftTree, kids: list[int], p: torch.Tensor,
     if residual.sum() <= 0:  # the candidates covered all of p's mass: only reachable through round-off
         residual = p
     return None, residual
+
+
+# Chains, decided on the device. A sampled row whose draft is a chain (one child per node: sd, seed
+# with a chain k_config, auto and specdec chains, lookup chains, and the empty tree of a plain decode
+# step) needs no walk: the ratio test at every depth is one vectorised comparison and the first
+# failure ends the round, so every such row of a verification is decided in one computation on the
+# logits' device, and one transfer brings the decisions back (with the greedy rows' argmaxes). Trees
+# that branch (mcsd, k_config like (2, 2, 1), opt-tree) keep the host walk `accept_tokens` above: a
+# rejected sibling's residual is the next sibling's target, a dependency this batch does not model.
+#
+# Randomness: a chain row draws exactly len(chain) + 1 float32 uniforms from its own generator per
+# verification, in one torch.rand call (`chain_uniforms`): u[i] tests draft node i, u[len(chain)]
+# draws the extra token by inverse CDF, whatever the outcome. The draws depend on nothing but the
+# row, so a row's tokens are the same verified alone or beside any other rows.
+
+
+def is_chain(tree: DraftTree) -> bool:
+    """One child per node (the empty tree included)."""
+    return all(parent == i - 1 for i, parent in enumerate(tree.parents))
+
+
+def chain_uniforms(tree: DraftTree, generator: torch.Generator | None) -> list[float]:
+    """The randomness one verification of a chain consumes: len(tree) + 1 uniforms in [0, 1)."""
+    return torch.rand(len(tree) + 1, generator=generator).tolist()
+
+
+def accept_chains(trees: list[DraftTree], target_probs: torch.Tensor, uniforms: list[list[float]]) -> list[Acceptance]:
+    """Sampled chains, decided together: target_probs[b, 0] is row b's p after its root, [b, i + 1]
+    after its node i (float32, padded to the longest chain); uniforms[b] from `chain_uniforms`."""
+    return decide_on_device([], trees, target_probs, uniforms)
+
+
+def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], chains: list[DraftTree],
+                     chain_probs: torch.Tensor | None, uniforms: list[list[float]]) -> list[Acceptance]:
+    """Every row the device can decide, with one device-to-host transfer: greedy rows (their tree and
+    the target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
+    chains as `accept_chains`. Returns the greedy rows' acceptances, then the chains'."""
+    parts = []
+    if greedy:
+        parts.append(torch.cat([logits for _, logits in greedy]).argmax(-1))
+    if chains:
+        parts.append(_chain_decisions(chains, chain_probs, uniforms).flatten())
+    if not parts:
+        return []
+    decided = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
+    out, at = [], 0
+    for tree, logits in greedy:
+        n = logits.shape[0]
+        out.append(accept_greedy(tree, decided[at: at + n]))
+        at += n
+    for tree in chains:
+        n, token = decided[at], decided[at + 1]
+        at += 2
+        out.append(Acceptance(list(range(n)), tree.tokens[:n] + [token], n < len(tree)))
+    return out
+
+
+def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[float]]) -> torch.Tensor:
+    """[rows, 2] on p's device: how many draft tokens each chain accepts, and its extra token."""
+    rows, width, vocab = p.shape
+    k = width - 1
+    if vocab > 2 ** 24:
+        raise ValueError(f"a vocabulary of {vocab} tokens does not fit the float32 transfer of draft tokens")
+    # one host-to-device copy for every row: uniforms (padding 1.0: never accepts), the extra token's
+    # uniform, draft tokens as float32 (exact below 2**24; padding -1), and which nodes were picked
+    packed = []
+    for tree, u in zip(trees, uniforms):
+        n, pad = len(tree), k - len(tree)
+        packed.append(u[:n] + [1.0] * pad + [u[n]] + tree.tokens + [-1.0] * pad
+                      + [float(tree.deterministic(i)) for i in range(n)] + [0.0] * pad)
+    host = torch.tensor(packed, dtype=torch.float32)
+    if p.device.type == "cuda":  # a pageable blocking copy would wait for the whole stream
+        host = host.pin_memory()
+    packed_t = host.to(p.device, non_blocking=True)
+    u, u_extra = packed_t[:, :k], packed_t[:, k]
+    tokens = packed_t[:, k + 1: 2 * k + 1].long()
+    picked = packed_t[:, 2 * k + 1:] > 0
+    n_draft = (tokens >= 0).sum(-1)
+    at = torch.arange(rows, device=p.device)
+    if k:
+        tok = tokens.clamp(min=0)
+        zero = p.new_zeros(vocab)  # q of a picked node or of padding: unused (picked nodes are one-hot)
+        q = torch.stack([(tree.q(i) if i < len(tree) and not tree.deterministic(i) else zero)
+                         .to(p.device, non_blocking=True) for tree in trees for i in range(k)]).view(rows, k, vocab)
+        px = p[:, :k].gather(-1, tok[..., None])[..., 0]
+        qx = torch.where(picked, torch.ones_like(px), q.gather(-1, tok[..., None])[..., 0])
+        # u < p(x) / q(x) without dividing by zero, as the host walk tests it
+        passed = (tokens >= 0) & (qx > 0) & (u * qx < px)
+        n_acc = passed.long().cumprod(-1).sum(-1)
+        stop = n_acc.clamp(max=k - 1)
+        p_stop = p[at, n_acc]
+        # the residual at the rejected node: max(0, p - q) for a sampled one, p without x for a picked one
+        residual = torch.where(picked[at, stop, None], p_stop.scatter(-1, tok[at, stop, None], 0.0),
+                               torch.clamp(p_stop - q[at, stop], min=0))
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_stop)  # round-off when p == q
+        dist = torch.where((n_acc < n_draft)[:, None], residual, p_stop)
+    else:  # every row a plain decode step
+        n_acc = n_draft
+        dist = p[:, 0]
+    # inverse CDF, unnormalised: the first token whose cumulative mass exceeds u * total has mass > 0;
+    # `last` (the last token with mass) guards against u * total rounding up to the total
+    cdf = dist.cumsum(-1)
+    total = cdf[:, -1:]
+    last = (cdf < total).sum(-1, keepdim=True)
+    token = torch.minimum(torch.searchsorted(cdf, u_extra[:, None] * total, right=True), last)[:, 0]
+    return torch.stack([n_acc, token], -1)
