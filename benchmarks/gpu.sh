@@ -17,7 +17,8 @@
 #     bash benchmarks/gpu.sh            # on the GPU (bf16)
 #     bash benchmarks/gpu.sh --smoke    # the same steps on the tiny preset on the CPU (CI runs it)
 # Settings can be changed without editing: ALPHA, TOKENS, TOT_TOKENS, REPEATS, WARMUP, PRESET, DEVICE, PYTHON,
-# CAP_S (one time cap in seconds for every step, in place of the defaults below), and TRACE=1 (each
+# CAP_S (one time cap in seconds for every step, in place of the defaults below), STEPS (the steps to run,
+# space separated, default "thoughts tot-step tot-gsm8k"), MODES (the modes of the first two), and TRACE=1 (each
 # step also writes the Fig.-4 trace, GPU utilization per mode, under $OUT/trace-STEP; it needs
 # nvidia-ml-py and matplotlib).
 set -uo pipefail
@@ -63,9 +64,11 @@ fi
 # a fresh start: rows.jsonl is appended to, and a solve refuses a directory that holds results
 rm -rf "$out/rows.jsonl" "$out/tot-gsm8k-runs"
 failed=0
+steps=" ${STEPS:-thoughts tot-step tot-gsm8k} "
 step() {  # step NAME CAP_SECONDS BENCH_ARGS...: one bench run, its log and JSON under $out
   local name="$1" cap="$2"
   shift 2
+  [[ "$steps" == *" $name "* ]] || return 0
   [ "${TRACE:-0}" = 1 ] && set -- "$@" --trace "$out/trace-$name"
   echo "== $name (cap ${cap}s): bench $*"
   # stdout (the banner, each mode's row, the table) to the screen and $name.log; stderr (progress
@@ -82,7 +85,7 @@ step() {  # step NAME CAP_SECONDS BENCH_ARGS...: one bench run, its log and JSON
 
 # seed right after the baselines it is compared with, the slow serial modes last: a step that hits
 # its cap loses those first
-modes="ar,parallel,seed,sd,seed@db1@vb1"
+modes="${MODES:-ar,parallel,seed,sd,seed@db1@vb1}"
 step thoughts "${caps[0]}" --workload thoughts --modes "$modes" --max-new-tokens "$tokens" \
   --repeats "$repeats" --warmup "$warmup"
 step tot-step "${caps[1]}" --workload tot-step --modes "$modes" --max-new-tokens "$tokens" \

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import tiny_model
 from seed_tot import Engine, SamplingParams
+from seed_tot.engine import row_attention
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.kv_pool import pool_of
 from seed_tot.engine.query_padding import forget_padding, set_padding
@@ -68,7 +69,8 @@ def test_batched_rows_equal_single_rows_without_copying_history(arch):
     for got, want in zip(batched, alone):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     in_place = arch != "falcon-mqa"
-    assert model.config._attn_implementation.startswith("seed_tot+") == in_place
+    assert row_attention.serves(model) == in_place
+    assert not model.config._attn_implementation.startswith("seed_tot+")  # the user's model is left as given
     assert storage_pointers(model) == pointers  # capacity sufficed: written in place, nothing regrown
     # the next step, after a commit, still matches one-row-at-a-time
     for kv in rows:
@@ -220,3 +222,19 @@ def test_a_finished_calls_rows_give_their_slots_back_without_the_garbage_collect
     finally:
         gc.enable()
     assert in_use <= 3  # at most the last call's rows
+
+
+def test_the_config_names_row_attention_only_while_a_batched_forward_runs():
+    """The engine routes a model's attention through row attention by renaming its config's attention
+    implementation; that rename must last only as long as a batched forward, not stay on the model."""
+    model = tiny_model("llama", seed=3)
+    original = model.config._attn_implementation
+    seen = []
+    handle = model.model.layers[0].register_forward_pre_hook(
+        lambda module, args: seen.append(model.config._attn_implementation))
+    rows = [prefill(model, [5, 6, 7]), prefill(model, [8, 9])]
+    seen.clear()
+    forward_batch(model, rows, [[1], [2]], [[-1], [-1]])
+    handle.remove()
+    assert seen == ["seed_tot+" + original]
+    assert model.config._attn_implementation == original

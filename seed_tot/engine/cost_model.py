@@ -96,8 +96,8 @@ _NAME_KEYS = ("_name_or_path", "name_or_path", "_commit_hash", "architectures", 
 def _model_signature(model) -> dict:
     """What a model's forward cost depends on: its class, config and parameter shapes and dtypes.
     The weights' values do not matter, so a noisy copy or a fine-tune of a model shares its costs.
-    Not the attention implementation (to_dict leaves it out): the engine may install its own on a
-    model in use, and the key must not change under a model between two calls."""
+    Not the attention implementation (to_dict leaves it out): the engine names its own on a model's
+    config while a batched forward runs, and the key must not depend on when it is read."""
     config = getattr(model, "config", None)
     settings = config.to_dict() if hasattr(config, "to_dict") else {}
     settings = {k: v for k, v in settings.items() if k not in _NAME_KEYS}

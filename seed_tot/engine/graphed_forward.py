@@ -187,7 +187,7 @@ class GraphedForward:
             q_index=d["q_index"], out_index=d["out_index"])
         placeholder = static.placeholder
         mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
-        with row_attention.active_batch(batch):
+        with row_attention.active_batch(model, batch):
             out = model(input_ids=d["ids"][None], position_ids=d["pos"][None], attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch))
         return out.logits[0]

@@ -75,7 +75,7 @@ class KVCache:
         them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model).
         features: the target's hidden states for the first entries, for a drafter that reads them
         (target_features.py; the other entries read zeros)."""
-        if row_attention.install(model):  # a batch of one: the one path of every model that can take it
+        if row_attention.serves(model):  # a batch of one: the one path of every model that can take it
             return forward_batch(model, [self], [tokens], [parents], what="a draft tree",
                                  features=None if features is None else [features], logits_to_keep=logits_to_keep)[0]
         n_old, n = len(self.parents), len(tokens)
@@ -151,7 +151,7 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     """
     layout = layout_of(model)
     layout.check_tree_masks(what)
-    if not row_attention.install(model):
+    if not row_attention.serves(model):
         return _forward_batch_copied(model, layout, caches, tokens, parents, features)
     if logits_to_keep and len(caches) > 1:
         raise ValueError("logits_to_keep is for a forward of one row")
@@ -209,7 +209,7 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
     with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
                                                    history)
-        with row_attention.active_batch(batch):
+        with row_attention.active_batch(model, batch):
             out = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch), **extra)
     if logits_to_keep:

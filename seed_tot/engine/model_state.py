@@ -21,6 +21,8 @@ class ModelState:
     pool: Any = None  # kv_pool.KVPool
     captures: dict[str, Any] = field(default_factory=dict)  # hidden-state hooks by kind
     lock: threading.Lock = field(default_factory=threading.Lock)  # for what is worked out lazily
+    attention_routes: int = 0  # batched forwards in flight that route its attention (row_attention.py)
+    route_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _states: "weakref.WeakKeyDictionary[Any, ModelState]" = weakref.WeakKeyDictionary()

@@ -18,12 +18,15 @@ from transformers import DynamicCache
 
 from .cache_argument import cache_kwargs
 from .params import SamplingParams
-from .sampling import process_logits, sample
+from .draft_tree import DraftTree
+from .sampling import process_logits
 from .sequence import Sequence
+from .verify import decide_alone
 
 
 @torch.inference_mode()
 def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab_size: int) -> None:
+    empty = DraftTree.empty(vocab_size)  # each row's step decided as the scheduler decides a plain step
     device = model.device
     width = max(len(s.prompt) for s in seqs)
     pad = 0
@@ -46,7 +49,7 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
                 seq.stats.target_forwards += 1 / active
                 seq.stats.target_query_tokens += 1
                 seq.stats.target_busy_s += busy / active
-                seq.append([sample(probs[row], seq.generator)])
+                seq.append([decide_alone(empty, probs[row][None], params.greedy, seq.generator).tokens[-1]])
             next_ids.append(seq.generated[-1] if seq.generated else pad)
         if all(s.done for s in seqs):
             return

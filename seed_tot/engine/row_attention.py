@@ -8,11 +8,12 @@ pool (kv_pool.py) with one write per layer, and an attention function registered
 pool by one index, their masks (tree structure + the layer's sliding window, masks.py's rules) built
 once per forward. No Python loop over rows runs inside a layer.
 
-Per call, not per model: the registered implementation ("seed_tot+sdpa" / "seed_tot+eager")
-dispatches to the model's original attention unless *this thread* is inside a batched forward of
-this model, so other threads' forwards of the same model and stock-attention forwards (pipeline
-stages) are exactly what they were. Installing it renames `config._attn_implementation` once; masks
-are still built by the original implementation's mask function.
+Per forward, not per model: the model's config names the registered implementation ("seed_tot+sdpa" /
+"seed_tot+eager") only while at least one batched forward of it runs (`active_batch` counts them), and
+names its own again after, so the user's model is left as it was given. Even meanwhile the registered
+function dispatches to the model's original attention unless *this thread* is inside a batched forward
+of this model, so other threads' forwards of the same model and stock-attention forwards (pipeline
+stages) are exactly what they were. Masks are still built by the original implementation's mask function.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .masks import AttentionLayout
+from .model_state import state_of
 
 PREFIX = "seed_tot+"
 # Stock modules that append to the cache with `past_key_values.update` and then call
@@ -37,20 +39,16 @@ ROW_ATTENTION_MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
 _active = threading.local()  # .batch: the RowBatchCache of this thread's batched forward, if any
 
 
-def install(model) -> bool:
-    """Route `model`'s attention through the dispatcher; False where rows cannot be served exactly."""
+def serves(model) -> bool:
+    """Whether row attention serves `model`'s rows exactly (else the copying path: kv_cache.py)."""
     config = model.config
-    name = config._attn_implementation
-    if isinstance(name, str) and name.startswith(PREFIX):
-        return True
-    if config.model_type not in ROW_ATTENTION_MODELS or name not in ("sdpa", "eager") \
-            or getattr(config, "reorder_and_upcast_attn", False):  # GPT-2's own upcast path is eager-only
-        return False
-    wrapped = PREFIX + name
-    AttentionInterface.register(wrapped, _dispatch)
-    AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])
-    config._attn_implementation = wrapped
-    return True
+    name = _original(config._attn_implementation)
+    return (config.model_type in ROW_ATTENTION_MODELS and name in ("sdpa", "eager")
+            and not getattr(config, "reorder_and_upcast_attn", False))  # GPT-2's own upcast path is eager-only
+
+
+def _original(name):
+    return name[len(PREFIX):] if isinstance(name, str) and name.startswith(PREFIX) else name
 
 
 def _dispatch(module, query, key, value, attention_mask, **kwargs):
@@ -191,16 +189,34 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
 
 
 class active_batch:
-    """Context: this thread's forwards of `batch.config`'s model read rows from `batch`."""
+    """Context: this thread's forwards of `model` read rows from `batch`; while any such context of the
+    model is open, its config names the registered implementation (the first to open renames it, the
+    last to close names the original again)."""
 
-    def __init__(self, batch: RowBatchCache):
-        self.batch = batch
+    def __init__(self, model, batch: RowBatchCache):
+        self.model, self.batch = model, batch
 
     def __enter__(self):
+        state = state_of(self.model)
+        config = self.model.config
+        with state.route_lock:
+            if state.attention_routes == 0:
+                name = _original(config._attn_implementation)
+                wrapped = PREFIX + name
+                if wrapped not in ALL_ATTENTION_FUNCTIONS:  # registered once per implementation, for every model
+                    AttentionInterface.register(wrapped, _dispatch)
+                    AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])
+                config._attn_implementation = wrapped
+            state.attention_routes += 1
         self.previous = getattr(_active, "batch", None)
         _active.batch = self.batch
         return self.batch
 
     def __exit__(self, *exc):
         _active.batch = self.previous
+        state = state_of(self.model)
+        with state.route_lock:
+            state.attention_routes -= 1
+            if state.attention_routes == 0:
+                self.model.config._attn_implementation = _original(self.model.config._attn_implementation)
         return False

@@ -34,4 +34,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from a 1-D distribution (argmax when it is one-hot, without spending randomness)."""
     if probs.max() == 1.0:
         return int(probs.argmax())
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(multinomial(probs, 1, generator))
+
+
+def multinomial(probs: torch.Tensor, n: int, generator: torch.Generator | None,
+                replacement: bool = False) -> torch.Tensor:
+    """`torch.multinomial` drawing from `generator` wherever `probs` are. A sequence's generator
+    lives on the host (its draws must not depend on the device or on what shares a forward), and
+    torch refuses a generator of another device, so the distribution goes to the generator: the
+    drawn tokens are read on the host next anyway."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
+    return torch.multinomial(probs, n, replacement=replacement, generator=generator)

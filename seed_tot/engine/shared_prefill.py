@@ -113,7 +113,7 @@ def _can_share(model) -> bool:
         layout_of(model).check_tree_masks("a shared prompt prefix")
     except UnsupportedAttention:
         return False
-    return row_attention.install(model)
+    return row_attention.serves(model)
 
 
 def _common_length(prompts: list[list[int]]) -> int:

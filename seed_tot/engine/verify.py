@@ -154,6 +154,17 @@ def chain_uniforms(tree: DraftTree, generator: torch.Generator | None) -> list[f
     return torch.rand(len(tree) + 1, generator=generator).tolist()
 
 
+def decide_alone(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
+                 generator: torch.Generator | None) -> Acceptance:
+    """One row decided exactly as a verification decides it among other rows (speculative.accept_rows):
+    a sampled chain by `accept_chains` with its own uniforms, anything else by the walk. For callers
+    that verify one row outside the scheduler (PipeDec's stages), so that they draw, for a seed, the
+    tokens the scheduler's modes draw."""
+    if not greedy and is_chain(tree):
+        return accept_chains([tree], target_probs[None], [chain_uniforms(tree, generator)])[0]
+    return accept_tokens(tree, target_probs, greedy, generator)
+
+
 def accept_chains(trees: list[DraftTree], target_probs: torch.Tensor, uniforms: list[list[float]]) -> list[Acceptance]:
     """Sampled chains, decided together: target_probs[b, 0] is row b's p after its root, [b, i + 1]
     after its node i (float32, padded to the longest chain); uniforms[b] from `chain_uniforms`."""

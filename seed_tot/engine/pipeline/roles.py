@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from ..params import SamplingParams
-from ..sampling import process_logits, sample
+from ..draft_tree import DraftTree
+from ..sampling import process_logits
 from ..sequence import Sequence, StopRule
 from ..speculative import prefill
+from ..verify import decide_alone
 from .stages import StageKV, TargetStage
 from .tree import PredictionTree, expand_layer
 
@@ -154,7 +156,8 @@ class TargetRole(Role):
         row = self.logits.get(self.tree.root)
         if row is None:
             return -1
-        return sample(process_logits(row, self.params, self.vocab_size), self.seq.generator)
+        probs = process_logits(row, self.params, self.vocab_size)[None]  # a plain decode step: an empty draft
+        return decide_alone(DraftTree.empty(probs.shape[-1]), probs, self.params.greedy, self.seq.generator).tokens[-1]
 
     def apply(self, token: int) -> bool:
         old_root = self.tree.root

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..params import SamplingParams, check_k_config
+from ..sampling import multinomial
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
 
@@ -54,7 +55,7 @@ class FixedRound(DraftRound):
                 continue
             q = b.q(node_logits)  # `width` draws without replacement from q (what the verifier assumes)
             n = min(width, int((q > 0).sum()))
-            picks = torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()
+            picks = multinomial(q, n, b.seq.generator).tolist()
             level += [b.add(node, tok, q) for tok in picks]
         self.depth += 1
         if self.depth == len(self.k_config):

@@ -67,6 +67,7 @@ import torch
 
 from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
+from ..sampling import multinomial
 from ..cost_model import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
@@ -220,7 +221,7 @@ class ParallelSpecRound(DraftRound):
                 q = b.q(row)
                 n = min(self.widths[depth], int((q > 0).sum()))
                 picks = [(tok, q, float(q[tok]))
-                         for tok in torch.multinomial(q, n, replacement=False, generator=b.seq.generator).tolist()]
+                         for tok in multinomial(q, n, b.seq.generator).tolist()]
             for tok, q, p in picks:
                 level.append((slot, tok, q, pp * p))
                 nodes.append(b.add(parent_nodes[slot], tok, q, pp * p))

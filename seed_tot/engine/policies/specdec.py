@@ -15,6 +15,7 @@ import logging
 import torch
 
 from ..params import SamplingParams
+from ..sampling import multinomial
 from .base import DraftPolicy, DraftRound, Feed, HiddenCapture, TreeBuilder, option
 from .head import accept_probability
 
@@ -97,7 +98,7 @@ class SpecDecRound(DraftRound):
             token, q = int(node_logits[: b.vocab_size].float().argmax()), None
         else:
             q = b.q(node_logits)
-            token = int(torch.multinomial(q, 1, generator=b.seq.generator))
+            token = int(multinomial(q, 1, b.seq.generator))
         self.last = b.add(self.last, token, q, self.survival)
         n = len(b.tokens)
         if n >= self.max_len or token in policy.eos_ids or policy.enough(n, self):
