@@ -73,8 +73,10 @@ step() {  # step NAME CAP_SECONDS BENCH_ARGS...: one bench run, its log and JSON
   echo "== $name (cap ${cap}s): bench $*"
   # stdout (the banner, each mode's row, the table) to the screen and $name.log; stderr (progress
   # bars, round notices, warnings) to $name.err, whose tail is shown when the step fails
-  timeout "$cap" "$python" -m seed_tot.cli bench --synthetic "$preset" --alpha "${ALPHA:-0.4}" --device "$device" \
-    --temperature 0 "$@" --json "$out/$name.json" --jsonl "$out/rows.jsonl" 2>"$out/$name.err" | tee "$out/$name.log"
+  # from the package tree: `python -m` puts the working directory first on sys.path, and a checkout's
+  # root there would shadow the tree (its seed_tot has no tasks/ inside: no install maps it there)
+  (cd "$pkg" && timeout "$cap" "$python" -m seed_tot.cli bench --synthetic "$preset" --alpha "${ALPHA:-0.4}" --device "$device" \
+    --temperature 0 "$@" --json "$out/$name.json" --jsonl "$out/rows.jsonl" 2>"$out/$name.err") | tee "$out/$name.log"
   local rc="${PIPESTATUS[0]}"
   if [ "$rc" != 0 ]; then
     tail -n 15 "$out/$name.err"
