@@ -205,6 +205,9 @@ class _RefusingThread(ForwardThread):
         self._take()
         return super().defer(fn, *args)
 
+    def waiting(self) -> int:  # as if other work always waited: every step is queued anew, and refused
+        return 1
+
 
 @pytest.mark.parametrize("accepts", [4, 12, 30])
 @pytest.mark.parametrize("mode", ["seed", "parallel"])
@@ -242,3 +245,15 @@ def test_a_call_submitted_as_the_last_one_ends_runs_to_the_end(setup):
     future.result(timeout=60)
     assert seqs[0].generated == reference_greedy(target, prompt, 12)
     assert engine.scheduler.active_calls == 0
+
+
+def test_the_models_configs_name_their_own_attention_again_once_the_calls_are_over(setup):
+    """The step loop names row attention in the models' configs while it has calls; the user's models
+    must be left as they were given when generate returns, whatever the mode."""
+    target, draft = setup
+    names = (target.config._attn_implementation, draft.config._attn_implementation)
+    engine = Engine(target, draft)
+    for mode in ("ar", "parallel", "seed"):
+        engine.generate([[1, 2, 3]] * 2, SamplingParams(max_new_tokens=4), mode=mode)
+        assert (target.config._attn_implementation, draft.config._attn_implementation) == names
+    assert not names[0].startswith("seed_tot+")

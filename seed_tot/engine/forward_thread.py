@@ -31,6 +31,7 @@ class ForwardThread(Executor):
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
+        self._waiting = 0  # submitted and not started yet
 
     def _mark(self) -> None:
         self._ident = threading.get_ident()
@@ -53,13 +54,32 @@ class ForwardThread(Executor):
             except BaseException as err:  # handed to the caller through the future, as a pool would
                 future.set_exception(err)
             return future
-        return self.pool.submit(fn, *args, **kwargs)
+        return self._queue(fn, *args, **kwargs)
 
     def defer(self, fn, /, *args) -> Future:
         """fn(*args) queued behind the work submitted so far, even from the thread itself: a step loop
         queues its next step this way, so other work on the thread (another engine's steps, a load)
         takes its turn in between instead of waiting for the loop to end."""
-        return self.pool.submit(fn, *args)
+        return self._queue(fn, *args)
+
+    def waiting(self) -> int:
+        """Work submitted to the thread that has not started yet."""
+        return self._waiting
+
+    def _queue(self, fn, /, *args, **kwargs) -> Future:
+        with self._lock:
+            self._waiting += 1
+        try:
+            return self.pool.submit(self._started, fn, *args, **kwargs)
+        except BaseException:
+            with self._lock:
+                self._waiting -= 1
+            raise
+
+    def _started(self, fn, /, *args, **kwargs):
+        with self._lock:
+            self._waiting -= 1
+        return fn(*args, **kwargs)
 
     def call(self, fn, *args, **kwargs):
         """fn(*args) on the forward thread; blocks until it returns (or raises) here."""

@@ -9,8 +9,8 @@ pool by one index, their masks (tree structure + the layer's sliding window, mas
 once per forward. No Python loop over rows runs inside a layer.
 
 Per forward, not per model: the model's config names the registered implementation ("seed_tot+sdpa" /
-"seed_tot+eager") only while at least one batched forward of it runs (`active_batch` counts them), and
-names its own again after, so the user's model is left as it was given. Even meanwhile the registered
+"seed_tot+eager") only while a batched forward of it runs or its engine's scheduler has calls (`hold`
+counts them), and names its own again after, so the user's model is left as it was given. Even meanwhile the registered
 function dispatches to the model's original attention unless *this thread* is inside a batched forward
 of this model, so other threads' forwards of the same model and stock-attention forwards (pipeline
 stages) are exactly what they were. Masks are still built by the original implementation's mask function.
@@ -188,35 +188,46 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     return rows * batch.valid[..., None].to(rows.dtype)
 
 
+def hold(model) -> None:
+    """Name row attention in `model`'s config until the matching `release` (counted): the first holder
+    renames, the last one to release names the original again. A scheduler holds its models while it
+    has calls, so that the forwards in between (each an `active_batch`) find it named already; setting
+    the config's attribute goes through transformers' validating setter, a host cost per forward."""
+    state = state_of(model)
+    config = model.config
+    with state.route_lock:
+        if state.attention_routes == 0:
+            name = _original(config._attn_implementation)
+            wrapped = PREFIX + name
+            if wrapped not in ALL_ATTENTION_FUNCTIONS:  # registered once per implementation, for every model
+                AttentionInterface.register(wrapped, _dispatch)
+                AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])
+            config._attn_implementation = wrapped
+        state.attention_routes += 1
+
+
+def release(model) -> None:
+    state = state_of(model)
+    with state.route_lock:
+        state.attention_routes -= 1
+        if state.attention_routes == 0:
+            model.config._attn_implementation = _original(model.config._attn_implementation)
+
+
 class active_batch:
-    """Context: this thread's forwards of `model` read rows from `batch`; while any such context of the
-    model is open, its config names the registered implementation (the first to open renames it, the
-    last to close names the original again)."""
+    """Context: this thread's forwards of `model` read rows from `batch`, with row attention named in
+    the model's config for as long as it lasts (`hold`)."""
 
     def __init__(self, model, batch: RowBatchCache):
         self.model, self.batch = model, batch
 
     def __enter__(self):
-        state = state_of(self.model)
-        config = self.model.config
-        with state.route_lock:
-            if state.attention_routes == 0:
-                name = _original(config._attn_implementation)
-                wrapped = PREFIX + name
-                if wrapped not in ALL_ATTENTION_FUNCTIONS:  # registered once per implementation, for every model
-                    AttentionInterface.register(wrapped, _dispatch)
-                    AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])
-                config._attn_implementation = wrapped
-            state.attention_routes += 1
+        hold(self.model)
         self.previous = getattr(_active, "batch", None)
         _active.batch = self.batch
         return self.batch
 
     def __exit__(self, *exc):
         _active.batch = self.previous
-        state = state_of(self.model)
-        with state.route_lock:
-            state.attention_routes -= 1
-            if state.attention_routes == 0:
-                self.model.config._attn_implementation = _original(self.model.config._attn_implementation)
+        release(self.model)
         return False

@@ -41,6 +41,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import row_attention
 from .decode_spec import DecodeSpec
 from .draft_tree import DraftTree
 from .forward_thread import ForwardThread
@@ -121,6 +122,8 @@ class SeedScheduler:
         self._queue = VerifyQueue()
         self._to_draft: collections.deque[tuple[Sequence, _Call]] = collections.deque()
         self._in_step = False
+        self._held: list = []  # models whose config names row attention while this loop has calls
+        self._empty_tree = DraftTree.empty(engine.vocab_size)  # every plain step's draft (never changed)
 
     @property
     def active_calls(self) -> int:
@@ -195,9 +198,14 @@ class SeedScheduler:
             self._fail_all(err)
 
     def _step(self) -> None:
-        self._guarded_step()
-        with self._lock:
-            self._step_queued = False
+        """Steps, one after another while nothing else waits for the thread (queueing each step behind
+        the last would cost a hand-off per step for nothing); then the next step queues behind that work."""
+        while True:
+            self._guarded_step()
+            with self._lock:
+                if not (self._incoming or self._calls) or self._executor.waiting():
+                    self._step_queued = False
+                    break
         self._kick()
 
     def _guarded_step(self) -> None:
@@ -212,6 +220,8 @@ class SeedScheduler:
             self._fail_all(err)
         finally:
             self._in_step = False
+            if not self._calls:
+                self._hold_models(False)
 
     def _admit(self) -> None:
         with self._lock:
@@ -226,8 +236,22 @@ class SeedScheduler:
                 self._end(call, err)
                 continue
             self._calls.append(call)
+            self._hold_models(True)
             for _ in range(call.n_workers):
                 self._start_next(call)
+
+    def _hold_models(self, hold: bool) -> None:
+        """Keep row attention named in the models' configs while there are calls (row_attention.hold):
+        naming it once per call, not twice per forward."""
+        if hold and not self._held:
+            engine = self.engine
+            self._held = [m for m in (engine.target, engine.draft) if m is not None and row_attention.serves(m)]
+            for model in self._held:
+                row_attention.hold(model)
+        elif not hold:
+            for model in self._held:
+                row_attention.release(model)
+            self._held = []
 
     def _start_next(self, call: _Call) -> None:
         if call.waiting and not call.over:
@@ -246,7 +270,7 @@ class SeedScheduler:
             return
         policy = call.policy
         if policy is None:  # a plain target step: nothing to draft, no draft model
-            self._push(seq, call, DraftTree.empty(self.engine.vocab_size), {})
+            self._push(seq, call, self._empty_tree, {})
         elif policy.uses_draft_model:
             self._to_draft.append((seq, call))
         else:  # prompt lookup: no forward, so it drafts now
@@ -318,6 +342,8 @@ class SeedScheduler:
                 self._ready(job.seq, call)
 
     def _end(self, call: _Call, error: BaseException | None, cause: BaseException | None = None) -> None:
+        if not any(not c.over for c in self._calls if c is not call):
+            self._hold_models(False)  # before the caller wakes: it gets its models back as it gave them
         try:
             if error is None:
                 for seq in call.seqs:
@@ -335,6 +361,7 @@ class SeedScheduler:
         self._calls = []
         self._queue = VerifyQueue()
         self._to_draft.clear()
+        self._hold_models(False)
         for call in calls:
             self._end(call, err)
 
