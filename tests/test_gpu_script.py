@@ -36,3 +36,14 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
     assert all(r["matches_ar"] for r in rows), [(r["workload"], r["label"]) for r in rows if not r["matches_ar"]]
     for workload in STEPS:  # each step's whole JSON document too, not only the streamed rows
         assert [m["label"] for m in json.loads((out / f"{workload}.json").read_text())["modes"]] == STEPS[workload]
+
+
+def test_the_gpu_step_probe_profiles_the_engines_step_on_the_cpu_preset():
+    """benchmarks/gpu_step.py is what a GPU session runs to see where a step's time goes: its profile
+    probe must run end to end (here on the tiny preset on the CPU, where it skips the kernel table)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "profile", "--preset", "tiny",
+                           "--rows", "2", "--prompt-len", "20"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for mode in ("parallel", "seed"):
+        assert f"{mode}: " in proc.stdout and "ms per step (2 rows" in proc.stdout
+    assert "function calls" in proc.stdout  # the step thread's profile

@@ -1,0 +1,152 @@
+"""Where a decode step's time goes on a GPU (issue 40): the probes behind the journal's first GPU table.
+
+    python benchmarks/gpu_step.py graphs --models tiny,1.1b,7b
+        per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
+        its exact size against the bucketed forward replayed as a CUDA graph, median of the steps,
+        and whether both give the same tokens
+    python benchmarks/gpu_step.py profile --preset llama2-7b+llama-160m --rows 9
+        the engine on a synthetic pair: ms per step of `parallel` and `seed`; a cProfile of the step
+        thread over 32 `parallel` steps (the one `.tolist()` a step waits in is the device's time);
+        the CUDA kernels of the same forwards run eagerly at their fixed shapes, by total time
+
+Random weights of the real shapes, bf16 (fp32 for `tiny`); prints each result as it comes. Needs CUDA
+(`profile` also runs on a CPU, without the kernel table, as a smoke test of the script).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+import transformers as tf
+
+from seed_tot.engine import SamplingParams, graphed_forward
+from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.synthetic import build_synthetic_engine
+
+SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=8192),
+    "1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                 num_key_value_heads=4, vocab_size=32000),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000),
+}
+TREE = ([10, 11, 12, 13], [-1, 0, 0, 2])  # a 4-entry draft tree: root, two children, a grandchild
+
+
+def _model(name: str):
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(**SHAPES[name], max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+                            pad_token_id=None)
+    config._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        return tf.LlamaForCausalLM(config).to(torch.float32 if name == "tiny" else torch.bfloat16).eval()
+
+
+def _rows(model, n_rows: int) -> list[KVCache]:
+    rows = []
+    for r in range(n_rows):  # prompts of 100+ tokens, each row its own length
+        tokens = [(7 * i + r) % 1000 + 1 for i in range(100 + r)]
+        kv = KVCache()
+        forward_batch(model, [kv], [tokens], [list(range(-1, len(tokens) - 1))], fixed_shapes=False)
+        kv.commit(list(range(len(tokens))))
+        rows.append(kv)
+    return rows
+
+
+@torch.inference_mode()
+def _steps(model, n_rows: int, fixed, tree: bool, steps: int = 24, warm: int = 4) -> tuple[float, list]:
+    """Median ms of a step (the argmax's transfer included: the step's one sync) and the tokens."""
+    rows = _rows(model, n_rows)
+    last, times, out = [5 + r for r in range(n_rows)], [], []
+    for s in range(warm + steps):
+        caches = [kv.fork() for kv in rows] if tree else rows
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if tree:
+            logits = forward_batch(model, caches, [TREE[0]] * n_rows, [TREE[1]] * n_rows, fixed_shapes=fixed)
+            out = torch.stack([lg.argmax(-1) for lg in logits]).tolist()
+        else:
+            logits = forward_batch(model, caches, [[t] for t in last], [[-1]] * n_rows, fixed_shapes=fixed)
+            last = torch.stack([lg[-1] for lg in logits]).argmax(-1).tolist()
+            out.append(last)
+            for kv in rows:
+                kv.commit([0])
+        if s >= warm:
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times), out
+
+
+def graphs(args) -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, tf.__version__, flush=True)
+    for name in args.models.split(","):
+        model = _model(name)
+        for kind, row_counts in (("decode", (1, 8, 32)), ("tree4", (1, 8))):
+            for n_rows in row_counts:
+                eager_ms, eager_out = _steps(model, n_rows, False, kind == "tree4")
+                graph_ms, graph_out = _steps(model, n_rows, None, kind == "tree4")
+                print(json.dumps(dict(model=name, kind=kind, rows=n_rows, eager_ms=round(eager_ms, 3),
+                                      graphed_ms=round(graph_ms, 3), same_tokens=eager_out == graph_out)), flush=True)
+        del model
+        torch.cuda.empty_cache()
+
+
+def profile(args) -> None:
+    cuda = torch.cuda.is_available()
+    engine = build_synthetic_engine(args.preset, 0.4, "cuda" if cuda else "cpu")
+    prompts = torch.randint(5, 1000, (args.rows, args.prompt_len), generator=torch.Generator().manual_seed(0)).tolist()
+    if cuda:  # the kernel table wants every kernel visible: the fixed shapes run eagerly, never captured
+        def refuse(*_args, **_kwargs):
+            raise RuntimeError("profiling the fixed-shape forward eagerly")
+        kernels = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    for mode in ("parallel", "seed"):
+        engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0), mode=mode)  # captures
+        walls = []
+        for n in (32, 1):
+            start = time.perf_counter()
+            engine.generate(prompts, SamplingParams(max_new_tokens=n, temperature=0), mode=mode)
+            walls.append(time.perf_counter() - start)
+        print(f"{mode}: {1e3 * (walls[0] - walls[1]) / 31:.2f} ms per step ({args.rows} rows, "
+              f"(wall(32) - wall(1)) / 31)", flush=True)
+    profiler = cProfile.Profile()
+    engine.scheduler.executor.call(profiler.enable)
+    engine.generate(prompts, SamplingParams(max_new_tokens=32, temperature=0), mode="parallel")
+    engine.scheduler.executor.call(profiler.disable)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue(), flush=True)
+    if cuda:
+        eager = build_synthetic_engine(args.preset, 0.4, "cuda")
+        graphed_forward.GraphedForward._capture = refuse
+        params = SamplingParams(max_new_tokens=8, temperature=0)
+        eager.generate(prompts, params, mode="parallel")  # warm-up, eagerly
+        torch.cuda.synchronize()
+        with kernels:
+            eager.generate(prompts, params, mode="parallel")
+            torch.cuda.synchronize()
+        print(kernels.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="probe", required=True)
+    g = sub.add_parser("graphs", help="eager vs CUDA-graph steps per model size")
+    g.add_argument("--models", default="tiny,1.1b,7b", help=f"comma-separated, from {', '.join(SHAPES)}")
+    p = sub.add_parser("profile", help="the engine's step: timing, host profile, kernel table")
+    p.add_argument("--preset", default="llama2-7b+llama-160m")
+    p.add_argument("--rows", type=int, default=9)
+    p.add_argument("--prompt-len", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.probe == "graphs" and not torch.cuda.is_available():
+        parser.error("graphs needs a CUDA device")
+    (graphs if args.probe == "graphs" else profile)(args)
+
+
+if __name__ == "__main__":
+    main()
