@@ -193,7 +193,10 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
     # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
     # they belong to no row: they attend to nothing and never reach storage
     n_query = padded_rows(model, n_real)
-    masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
+    if _sees_everything(caches, n_new, windows):  # no key hidden from any query: no mask to build or add
+        masks = {window: None for window in set(windows)}
+    else:
+        masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
     if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
         packed = query_pos[:, 0]
     else:
@@ -215,6 +218,15 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
     if logits_to_keep:
         return [out.logits[0, :logits_to_keep]]
     return list(out.logits[0, :n_real].split(n_new))  # one op for every row's view
+
+
+def _sees_everything(caches: list[KVCache], n_new: list[int], windows: list[int | None]) -> bool:
+    """A decode step of rows of one length, all of whose history is inside every layer's window: each
+    query sees every key of its row and there are no padding keys, so the mask would be all zeros."""
+    if any(n != 1 for n in n_new) or any(kv.parents for kv in caches):
+        return False
+    length = caches[0].length + 1
+    return all(kv.length + 1 == length for kv in caches) and all(w is None or w >= length for w in windows)
 
 
 def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],

@@ -161,17 +161,22 @@ class KVPool:
             self.n_free -= total
             self.refs[slots] = 1
             lengths = [line.length + n for line, n in zip(lines, n_new)]
-            self._ensure_width(max(lengths, default=0))
-            if total:
-                rows = torch.tensor([line.index for line, n in zip(lines, n_new) for _ in range(n)])
-                cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
-                self.table[rows, cols] = slots
+            width = max(lengths, default=0)
+            self._ensure_width(width)
+            if len(lines) == 1:  # one row (every forward of ar, sd and prefill): plain slices, no index tensors
+                line = lines[0]
+                self.table[line.index, line.length: width] = slots
+                read = self.table[line.index: line.index + 1, :width].clone()
+            else:
+                if total:
+                    rows = torch.tensor([line.index for line, n in zip(lines, n_new) for _ in range(n)])
+                    cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
+                    self.table[rows, cols] = slots
+                read = self.table[[line.index for line in lines], :width]
+                if min(lengths) < width:  # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
+                    read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
             for line, length in zip(lines, lengths):
                 line.length = length
-            width = max(lengths, default=0)
-            read = self.table[[line.index for line in lines], :width]
-            # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
-            read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
             self._in_flight += 1
         try:
             on_host = self.device.type == "cpu" or not on_device  # no transfer to make, not even a no-op one

@@ -153,7 +153,9 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         scores = torch.matmul(q.reshape(rows, n_kv, group * width, head_dim), keys.transpose(-1, -2)) * scaling
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.view(rows, n_kv, group, width, -1) + mask[:, :, None]
+        scores = scores.view(rows, n_kv, group, width, -1)
+        if mask is not None:  # None: every key visible to every query (kv_cache._sees_everything)
+            scores = scores + mask[:, :, None]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
     if batch.one_each:
