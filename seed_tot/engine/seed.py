@@ -23,9 +23,9 @@ A policy that drafts without the draft model (`lookup`) drafts inline when its r
 
 Why one thread and no event loop in between: each step would otherwise cross threads twice (a
 forward thread hands its results to an event loop, which wakes the workers, which queue the next
-forward), and that hand-off is host time paid on every step while the device waits. Here a step
-queues the next one behind whatever else waits for the thread (`ForwardThread.defer`), so other work
-still takes its turn. On a CPU the thread is the engine's forward thread (forward_thread.py says why
+forward), and that hand-off is host time paid on every step while the device waits. Here steps follow
+each other on the thread while nothing else waits for it; when something does, the next step queues
+behind it (`ForwardThread.defer`), so other work still takes its turn. On a CPU the thread is the engine's forward thread (forward_thread.py says why
 one thread must run every forward there). On a GPU it is a thread of the scheduler's own; drafting
 and verification take turns on it: an eager forward there is bound by the host's launches, which
 one Python thread issues one at a time whatever the streams, so it is the host that must be kept busy.
