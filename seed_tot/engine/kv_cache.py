@@ -176,6 +176,18 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     return rows
 
 
+def forward_rows(model, caches, tokens: list[list[int]], parents: list[list[int]], what: str,
+                 features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
+    """One forward of every row: a row alone goes through its cache (`KVCache.forward`, which takes the
+    batched path where the model allows it and the stock path where no batched mask is exact: ALiBi),
+    several rows through `forward_batch`. logits_to_keep: a row alone only."""
+    if len(caches) == 1:
+        row_features = None if features is None else features[0]
+        return [caches[0].forward(model, tokens[0], parents[0], logits_to_keep=logits_to_keep, features=row_features)]
+    return forward_batch(model, caches, tokens, parents, what=what,
+                         features=features if features is not None and any(f is not None for f in features) else None)
+
+
 def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache], tokens: list[list[int]],
                     windows: list[int | None], visibility: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                     features: list[torch.Tensor | None] | None, logits_to_keep: int) -> list[torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from .draft_tree import DraftTree
-from .kv_cache import forward_batch
+from .kv_cache import forward_rows
 from .params import SamplingParams
 from .policies.base import DraftPolicy
 from .policies.fixed import FixedPolicy
@@ -28,6 +28,8 @@ from .sampling import process_logits
 from .sequence import Sequence
 from .target_features import TargetHidden
 from .verify import Acceptance, accept_tokens, chain_uniforms, decide_on_device, is_chain
+
+log = logging.getLogger(__name__)
 
 
 def _chain_parents(n: int) -> list[int]:
@@ -47,18 +49,6 @@ def extend(model, kv, tokens: list[int], features: torch.Tensor | None = None) -
     if tokens:
         kv.forward(model, tokens, _chain_parents(len(tokens)), logits_to_keep=1, features=features)
     kv.commit(list(range(len(kv.parents))))
-
-
-def forward_rows(model, caches, tokens: list[list[int]], parents: list[list[int]], what: str,
-                 features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
-    """One forward of every row: a row alone goes through its cache (`KVCache.forward`, which takes the
-    batched path where the model allows it and the stock path where no batched mask is exact: ALiBi),
-    several rows through `forward_batch`. logits_to_keep: a row alone only."""
-    if len(caches) == 1:
-        row_features = None if features is None else features[0]
-        return [caches[0].forward(model, tokens[0], parents[0], logits_to_keep=logits_to_keep, features=row_features)]
-    return forward_batch(model, caches, tokens, parents, what=what,
-                         features=features if features is not None and any(f is not None for f in features) else None)
 
 
 @torch.inference_mode()
@@ -189,7 +179,7 @@ def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingPara
         if len(greedy) + len(chains) == 1:
             out[(greedy + chains)[0]] = err
             return out
-        logging.getLogger(__name__).warning("deciding %d rows together failed (%r); deciding them one by one",
+        log.warning("deciding %d rows together failed (%r); deciding them one by one",
                                             len(greedy) + len(chains), err)
         for b in greedy + chains:
             try:
