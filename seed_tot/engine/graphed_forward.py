@@ -44,7 +44,7 @@ from . import row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import SCRATCH
 from .masks import AttentionLayout, additive_masks
-from .model_state import state_of
+from .model_state import placement, state_of
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +275,10 @@ def bucket(model, fixed_shapes: "bool | Buckets | None", features, n_new: list[i
     """The runner of `model` and the shape of a forward of rows adding n_new[b] entries (n_keys: the
     longest history after it), where this forward runs at a fixed shape; None: at its exact size.
     fixed_shapes None: on CUDA only (graphs); True: the default buckets anywhere; a Buckets: those."""
-    if fixed_shapes is False or (fixed_shapes is None and model.device.type != "cuda"):
+    if fixed_shapes is False:
+        return None
+    device, dtype = placement(model)
+    if fixed_shapes is None and device.type != "cuda":
         return None
     if features is not None:  # a drafter's target_features input: its own per-row layout, not bucketed
         return None
@@ -285,10 +288,10 @@ def bucket(model, fixed_shapes: "bool | Buckets | None", features, n_new: list[i
     if shape is None:
         return None
     found = _runners.get(model)
-    if found is None or (found.device, found.dtype) != (model.device, model.dtype):  # moved or cast: anew
+    if found is None or (found.device, found.dtype) != (device, dtype):  # moved or cast: anew
         with _runners_lock:
             found = _runners.get(model)
-            if found is None or (found.device, found.dtype) != (model.device, model.dtype):
+            if found is None or (found.device, found.dtype) != (device, dtype):
                 found = _runners[model] = GraphedForward(model)
     return found, shape
 

@@ -25,7 +25,7 @@ from . import graphed_forward, row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import pool_of
 from .masks import AttentionLayout, batched_visibility, build_attention_mask, tree_visibility, window_masks
-from .model_state import state_of
+from .model_state import placement, state_of
 from .query_padding import padded_rows
 from .row_storage import RowCache
 from .target_features import placed_features
@@ -76,8 +76,10 @@ class KVCache:
         features: the target's hidden states for the first entries, for a drafter that reads them
         (target_features.py; the other entries read zeros)."""
         if row_attention.serves(model):  # a batch of one: the one path of every model that can take it
-            return forward_batch(model, [self], [tokens], [parents], what="a draft tree",
-                                 features=None if features is None else [features], logits_to_keep=logits_to_keep)[0]
+            layout = layout_of(model)
+            layout.check_tree_masks("a draft tree")
+            return _forward_pooled(model, layout, [self], [tokens], [parents],
+                                   None if features is None else [features], logits_to_keep, None)[0]
         n_old, n = len(self.parents), len(tokens)
         pad = padded_rows(model, n) - n
         if pad:  # a chain off the last real entry, dropped below: no real entry attends to it (query_padding.py)
@@ -85,13 +87,14 @@ class KVCache:
             parents = list(parents) + [n_old + n - 1 + i for i in range(pad)]
             logits_to_keep = logits_to_keep + pad if logits_to_keep else 0
         all_parents = self.parents + list(parents)
-        device = model.device
+        device = placement(model)[0]
         mask = None
         if any(p != i - 1 for i, p in enumerate(all_parents)):  # a real tree: spell out who sees whom
             layout = layout_of(model)
             layout.check_tree_masks("a draft tree")
             allowed, query_pos, key_pos = tree_visibility(self.committed, all_parents, n_old)
-            mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], model.dtype, device)
+            mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], placement(model)[1],
+                                        device)
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
@@ -153,6 +156,13 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     layout.check_tree_masks(what)
     if not row_attention.serves(model):
         return _forward_batch_copied(model, layout, caches, tokens, parents, features)
+    return _forward_pooled(model, layout, caches, tokens, parents, features, logits_to_keep, fixed_shapes)
+
+
+def _forward_pooled(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
+                    parents: list[list[int]], features: list[torch.Tensor | None] | None, logits_to_keep: int,
+                    fixed_shapes: "bool | graphed_forward.Buckets | None") -> list[torch.Tensor]:
+    """`forward_batch` of a model that row attention serves (checked by the caller)."""
     if logits_to_keep and len(caches) > 1:
         raise ValueError("logits_to_keep is for a forward of one row")
     pool = pool_of(model)
@@ -161,16 +171,18 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     windows = row_attention.layer_windows(model, layout)
     n_new = [len(t) for t in tokens]
     all_parents = [kv.parents + list(pars) for kv, pars in zip(caches, parents)]
-    visibility = batched_visibility([kv.committed for kv in caches], all_parents, [len(kv.parents) for kv in caches])
-    fixed = graphed_forward.bucket(model, fixed_shapes, features, n_new, visibility[0].shape[-1])
+    n_keys = max(kv.length + n for kv, n in zip(caches, n_new))
+    fixed = graphed_forward.bucket(model, fixed_shapes, features, n_new, n_keys)
     if fixed is not None:
         runner, shape = fixed
+        visibility = batched_visibility([kv.committed for kv in caches], all_parents,
+                                        [len(kv.parents) for kv in caches])
         with pool.scoring([kv.cache.line for kv in caches], n_new, on_device=False) as plan:
             logits = runner.run(model, layout, windows, pool, plan, shape, tokens, n_new, *visibility,
                                 keep=logits_to_keep)
         rows = [logits] if logits_to_keep else list(logits.split(n_new))
     else:
-        rows = _forward_packed(model, layout, pool, caches, tokens, windows, visibility, features, logits_to_keep)
+        rows = _forward_packed(model, layout, pool, caches, tokens, all_parents, windows, features, logits_to_keep)
     for kv, pars in zip(caches, all_parents):
         kv.parents = pars
     return rows
@@ -189,11 +201,11 @@ def forward_rows(model, caches, tokens: list[list[int]], parents: list[list[int]
 
 
 def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache], tokens: list[list[int]],
-                    windows: list[int | None], visibility: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                    all_parents: list[list[int]], windows: list[int | None],
                     features: list[torch.Tensor | None] | None, logits_to_keep: int) -> list[torch.Tensor]:
-    """`forward_batch` at exactly the rows' size: every row's logits (or the last `logits_to_keep`)."""
-    device, dtype = model.device, model.dtype
-    allowed, query_pos, key_pos = visibility
+    """`forward_batch` at exactly the rows' size: every row's logits (or the last `logits_to_keep`).
+    all_parents[b]: row b's uncommitted entries' parents after this forward (old then new)."""
+    device, dtype = placement(model)
     n_new = [len(t) for t in tokens]
     # packed, not padded (EMS-SD): the rows' queries follow each other in one sequence, so every linear
     # layer and the LM head run on the real entries only; row_attention.py gives each row its own slice
@@ -207,12 +219,15 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
     n_query = padded_rows(model, n_real)
     if _sees_everything(caches, n_new, windows):  # no key hidden from any query: no mask to build or add
         masks = {window: None for window in set(windows)}
+        packed = torch.tensor([kv.length for kv in caches])  # each row's one query sits at its length
     else:
+        allowed, query_pos, key_pos = batched_visibility([kv.committed for kv in caches], all_parents,
+                                                         [len(kv.parents) for kv in caches])
         masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
-    if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
-        packed = query_pos[:, 0]
-    else:
-        packed = query_pos[torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]]  # row-major
+        if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
+            packed = query_pos[:, 0]
+        else:
+            packed = query_pos[torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]]  # row-major
     positions = (torch.cat([packed, packed.new_zeros(n_query - n_real)]) if n_query > n_real else packed)[None]
     input_ids = torch.tensor([[t for row in tokens for t in row] + [0] * (n_query - n_real)])
     history = max(kv.length for kv in caches)
@@ -229,6 +244,8 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
                         use_cache=True, **cache_kwargs(model, batch), **extra)
     if logits_to_keep:
         return [out.logits[0, :logits_to_keep]]
+    if len(n_new) == 1:
+        return [out.logits[0, :n_real]]
     return list(out.logits[0, :n_real].split(n_new))  # one op for every row's view
 
 

@@ -23,6 +23,8 @@ class ModelState:
     lock: threading.Lock = field(default_factory=threading.Lock)  # for what is worked out lazily
     attention_routes: int = 0  # batched forwards in flight that route its attention (row_attention.py)
     route_lock: threading.Lock = field(default_factory=threading.Lock)
+    parameter: Any = None  # one floating-point parameter of the model: `placement` reads it
+    windows: list | None = None  # every decoder layer's sliding window (row_attention.layer_windows)
 
 
 _states: "weakref.WeakKeyDictionary[Any, ModelState]" = weakref.WeakKeyDictionary()
@@ -35,3 +37,15 @@ def state_of(model) -> ModelState:
         with _states_lock:
             state = _states.setdefault(model, ModelState())
     return state
+
+
+def placement(model) -> tuple[Any, Any]:
+    """The model's (device, dtype), read from one of its parameters found once. transformers'
+    `device` and `dtype` properties walk the parameters on every read, a host cost per forward;
+    `Module.to` swaps a parameter's data in place, so the same parameter always says where it is now."""
+    state = state_of(model)
+    parameter = state.parameter
+    if parameter is None:
+        parameter = state.parameter = next((p for p in model.parameters() if p.is_floating_point()),
+                                           next(model.parameters()))
+    return parameter.device, parameter.dtype

@@ -89,6 +89,8 @@ class RowBatchCache(Cache):
         self.write_slots, self.read_index = write_slots, read_index
         self.rows, self.width, self.n_query, self.n_write, self.one_each = rows, width, n_query, n_write, one_each
         self.q_index, self.out_index, self.valid = q_index, out_index, valid
+        # read once per forward, not once per layer: a transformers config attribute is a host cost
+        self.sdpa = _original(config._attn_implementation) == "sdpa"
 
     @classmethod
     def packed(cls, config, pool, plan, n_new: list[int], starts: list[int], n_query: int, masks: dict,
@@ -122,7 +124,6 @@ class RowBatchCache(Cache):
         return self.history + query_length, 0
 
 
-@torch.no_grad()  # inference only; the pool may hold inference-mode tensors, which autograd refuses
 def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=None, dropout=0.0,
                    softcap=None, **kwargs):
     """Every row's queries against its own history, in one attention call for all rows: the histories
@@ -131,6 +132,9 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
     mask, float32 softmax)."""
     if module.training:
         raise RuntimeError("row attention is for inference (no dropout)")
+    if torch.is_grad_enabled():  # the pool may hold inference-mode tensors, which autograd refuses
+        with torch.no_grad():  # (checked, not a decorator: a decorator costs host time every layer)
+            return _row_attention(batch, module, query, attention_mask, scaling, dropout, softcap, **kwargs)
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported by row attention")
     _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
@@ -140,11 +144,14 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
     keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
     n_kv = keys.shape[1]
-    if batch.one_each:
+    decode = batch.one_each and n_query == rows  # one query per row, none padding: [1, H, B, D] in order
+    if decode:
+        q = query.transpose(0, 2)  # [B, H, 1, D]
+    elif batch.one_each:
         q = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
     else:
         q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
-    if softcap is None and module.config._attn_implementation == PREFIX + "sdpa":
+    if softcap is None and batch.sdpa:
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
                                                                enable_gqa=n_heads != n_kv)
     else:
@@ -158,6 +165,8 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
             scores = scores + mask[:, :, None]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
+    if decode:
+        return out.permute(2, 0, 1, 3), None  # [1, B, H, D]: the packed layout the model expects
     if batch.one_each:
         out = out.reshape(rows, n_heads, head_dim)
     else:
@@ -168,13 +177,18 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
 
 
 def layer_windows(model, layout: AttentionLayout) -> list[int | None]:
-    """The sliding window (in positions, None: full) of every decoder layer, by masks.py's layout rules."""
-    config = model.config
-    n_layers = config.num_hidden_layers
-    types = getattr(config, "layer_types", None)
-    if layout.as_dict and types:
-        return [layout.windows[types[i]] for i in range(n_layers)]
-    return [next(iter(layout.windows.values()))] * n_layers  # one window for every layer (Mistral, Phi-3, Llama)
+    """The sliding window (in positions, None: full) of every decoder layer, by masks.py's layout rules;
+    worked out once per model (reading a transformers config attribute is a host cost per forward)."""
+    state = state_of(model)
+    if state.windows is None:
+        config = model.config
+        n_layers = config.num_hidden_layers
+        types = getattr(config, "layer_types", None)
+        if layout.as_dict and types:
+            state.windows = [layout.windows[types[i]] for i in range(n_layers)]
+        else:  # one window for every layer (Mistral, Phi-3, Llama)
+            state.windows = [next(iter(layout.windows.values()))] * n_layers
+    return state.windows
 
 
 def unpacked(hidden: torch.Tensor) -> torch.Tensor:

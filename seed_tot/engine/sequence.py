@@ -51,9 +51,15 @@ class Sequence:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
     def pending(self, kv: KVCache) -> list[int]:
-        """Tokens that this cache has not seen yet (at least the last token)."""
-        return self.tokens[kv.length:]
+        """Tokens that this cache has not seen yet (at least the last token); per step, so without
+        building the whole token list (a row's per-step host cost would grow with its length)."""
+        start = kv.length - len(self.prompt)
+        return self.generated[start:] if start >= 0 else self.prompt[start:] + self.generated
 
     def append(self, new_tokens: list[int]) -> int:
         """Add accepted tokens, applying the stop rule; returns how many were kept."""

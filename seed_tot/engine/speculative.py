@@ -262,6 +262,6 @@ def commit_draft(seq: Sequence, acc: Acceptance, node_entry: dict[int, int] | No
     if seq.draft is not None and node_entry is not None:
         # the pending tokens it was fed this round (none when a policy drafted nothing); a policy may
         # also have fed nodes it left out of the tree (OPT-Tree), so count from the tokens, not the nodes
-        n_draft_pending = min(len(seq.tokens) - seq.draft.committed, len(seq.draft.parents))
+        n_draft_pending = min(seq.length - seq.draft.committed, len(seq.draft.parents))
         fed_path = [node_entry[i] for i in acc.path if i in node_entry]
         seq.draft.commit(list(range(n_draft_pending)) + fed_path)
