@@ -10,6 +10,7 @@ from torch import nn
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import SamplingParams
 from seed_tot.engine import Engine
+from seed_tot.engine.cache_argument import cache_kwargs
 from seed_tot.engine.pipeline import PipelineConfig, simulate
 
 PROMPT = [5, 9, 13, 2, 7]
@@ -70,8 +71,8 @@ class _Contrarian(nn.Module):
     def config(self):
         return self.target.config
 
-    def forward(self, **kwargs):
-        logits = self.target(**kwargs).logits
+    def forward(self, cache=None, **kwargs):  # the cache under the name the target's release takes
+        logits = self.target(**kwargs, **cache_kwargs(self.target, cache)).logits
         return _Out(logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf")))
 
 
