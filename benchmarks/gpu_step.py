@@ -27,6 +27,7 @@ import transformers as tf
 
 from seed_tot.engine import SamplingParams, graphed_forward
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.model_runtime import ModelRuntime
 from seed_tot.synthetic import build_synthetic_engine
 
 SHAPES = {
@@ -49,31 +50,32 @@ def _model(name: str):
         return tf.LlamaForCausalLM(config).to(torch.float32 if name == "tiny" else torch.bfloat16).eval()
 
 
-def _rows(model, n_rows: int) -> list[KVCache]:
+def _rows(runtime: ModelRuntime, n_rows: int) -> list[KVCache]:
     rows = []
     for r in range(n_rows):  # prompts of 100+ tokens, each row its own length
         tokens = [(7 * i + r) % 1000 + 1 for i in range(100 + r)]
         kv = KVCache()
-        forward_batch(model, [kv], [tokens], [list(range(-1, len(tokens) - 1))], fixed_shapes=False)
+        forward_batch(runtime, [kv], [tokens], [list(range(-1, len(tokens) - 1))], fixed_shapes=False)
         kv.commit(list(range(len(tokens))))
         rows.append(kv)
     return rows
 
 
 @torch.inference_mode()
-def _steps(model, n_rows: int, fixed, tree: bool, steps: int = 24, warm: int = 4) -> tuple[float, list]:
+def _steps(runtime: ModelRuntime, n_rows: int, fixed, tree: bool, steps: int = 24, warm: int = 4
+           ) -> tuple[float, list]:
     """Median ms of a step (the argmax's transfer included: the step's one sync) and the tokens."""
-    rows = _rows(model, n_rows)
+    rows = _rows(runtime, n_rows)
     last, times, out = [5 + r for r in range(n_rows)], [], []
     for s in range(warm + steps):
         caches = [kv.fork() for kv in rows] if tree else rows
         torch.cuda.synchronize()
         start = time.perf_counter()
         if tree:
-            logits = forward_batch(model, caches, [TREE[0]] * n_rows, [TREE[1]] * n_rows, fixed_shapes=fixed)
+            logits = forward_batch(runtime, caches, [TREE[0]] * n_rows, [TREE[1]] * n_rows, fixed_shapes=fixed)
             out = torch.stack([lg.argmax(-1) for lg in logits]).tolist()
         else:
-            logits = forward_batch(model, caches, [[t] for t in last], [[-1]] * n_rows, fixed_shapes=fixed)
+            logits = forward_batch(runtime, caches, [[t] for t in last], [[-1]] * n_rows, fixed_shapes=fixed)
             last = torch.stack([lg[-1] for lg in logits]).argmax(-1).tolist()
             out.append(last)
             for kv in rows:
@@ -86,14 +88,14 @@ def _steps(model, n_rows: int, fixed, tree: bool, steps: int = 24, warm: int = 4
 def graphs(args) -> None:
     print(torch.cuda.get_device_name(), torch.__version__, tf.__version__, flush=True)
     for name in args.models.split(","):
-        model = _model(name)
+        runtime = ModelRuntime(_model(name))  # one pool and one graph runner for both executions
         for kind, row_counts in (("decode", (1, 8, 32)), ("tree4", (1, 8))):
             for n_rows in row_counts:
-                eager_ms, eager_out = _steps(model, n_rows, False, kind == "tree4")
-                graph_ms, graph_out = _steps(model, n_rows, None, kind == "tree4")
+                eager_ms, eager_out = _steps(runtime, n_rows, False, kind == "tree4")
+                graph_ms, graph_out = _steps(runtime, n_rows, None, kind == "tree4")
                 print(json.dumps(dict(model=name, kind=kind, rows=n_rows, eager_ms=round(eager_ms, 3),
                                       graphed_ms=round(graph_ms, 3), same_tokens=eager_out == graph_out)), flush=True)
-        del model
+        del runtime
         torch.cuda.empty_cache()
 
 

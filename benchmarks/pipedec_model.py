@@ -44,10 +44,10 @@ def layer_cost(model, width: int, prefix: int, repeats: int) -> float:
     from transformers import DynamicCache
 
     from seed_tot.engine.cache_argument import cache_kwargs
-    from seed_tot.engine.kv_cache import layout_of
+    from seed_tot.engine.masks import AttentionLayout
     from seed_tot.engine.pipeline.stages import tree_mask
     layer, rotary = model.model.layers[0], model.model.rotary_emb
-    layout = layout_of(model)
+    layout = AttentionLayout.of(model)
     dtype, device, hidden = model.dtype, model.device, model.config.hidden_size
     cache = DynamicCache()
     past = torch.randn(1, prefix, hidden, dtype=dtype, device=device)

@@ -37,18 +37,19 @@ def _median_ms(step, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def measure(model, context: int, rows: int, repeats: int, entries: int = 1) -> tuple[float, float | None]:
+def measure(runtime, context: int, rows: int, repeats: int, entries: int = 1) -> tuple[float, float | None]:
     """(forward_batch ms, padded ms) for `rows` rows of `context` tokens, `entries` new tokens each
-    (a chain, as a verification scores a draft); padded only at one entry (a decode step)."""
+    (a chain, as a verification scores a draft) through a ModelRuntime; padded only at one entry (a decode step)."""
+    model = runtime.model
     prompt = [(i * 7) % 5000 + 10 for i in range(context + 1)]
     caches = []
     for _ in range(rows):
         kv = KVCache()
-        prefill(model, kv, prompt)  # context tokens in the cache
+        prefill(runtime, kv, prompt)  # context tokens in the cache
         caches.append(kv)
 
     def row_step():
-        forward_batch(model, caches, [list(range(5, 5 + entries))] * rows, [list(range(-1, entries - 1))] * rows)
+        forward_batch(runtime, caches, [list(range(5, 5 + entries))] * rows, [list(range(-1, entries - 1))] * rows)
         for kv in caches:
             kv.commit([])  # drop the scored token: every repeat sees the same history
 
@@ -78,7 +79,7 @@ def main() -> None:
     sizes = [int(r) for r in args.rows.split(",")]
 
     def run():
-        return [measure(engine.target, args.context, r, args.repeats, args.entries) for r in sizes]
+        return [measure(engine.target_runtime, args.context, r, args.repeats, args.entries) for r in sizes]
 
     # on a CPU every forward runs on the engine's forward thread (forward_thread.py), as in a real run
     results = engine.on_forward_thread(run) if engine.forward_thread is not None else run()

@@ -175,9 +175,10 @@ def test_greedy_auto_with_a_head_equals_target_alone():
     prompts = [[5], [1, 2, 3, 4, 5, 6, 7]]
     refs = [reference_greedy(target, p, 24) for p in prompts]
     for mode in ("sd", "seed"):
+        engine = Engine(target, draft)
         policy = AutoPolicy(COSTS, max_len=6, prior=0.9, head=ConstantHead(0.9),
-                            capture=HiddenCapture.of(draft))
-        results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0),
-                                                 mode=mode, draft_policy=policy)
+                            capture=engine.draft_runtime.capture(HiddenCapture))
+        results = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0), mode=mode,
+                                  draft_policy=policy)
         assert [r.token_ids for r in results] == refs, mode
         assert max(r["drafted"] for r in policy.records) > 1  # the head's rule, not one-token probes

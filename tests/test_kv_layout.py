@@ -1,4 +1,4 @@
-"""The KV layout built for batches: every row of a model lives in the model's preallocated pool, a
+"""The KV layout built for batches: every row of a model lives in its runtime's preallocated pool, a
 batched forward writes in place and runs one attention call per layer for all rows, rows join and
 leave without touching the others, forks share their prefix slots, freed slots are reused.
 
@@ -16,23 +16,22 @@ from conftest import tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import row_attention
 from seed_tot.engine.kv_cache import KVCache, forward_batch
-from seed_tot.engine.kv_pool import pool_of
-from seed_tot.engine.query_padding import forget_padding, set_padding
+from seed_tot.engine.model_runtime import ModelRuntime
 from test_attention_types import build
 
 TREE = ([10, 11, 12, 13], [-1, 0, 0, 2])  # two branches, one two deep
 CHAIN = ([20, 21, 22], [-1, 0, 1])
 
 
-def prefill(model, tokens: list[int]) -> KVCache:
+def prefill(runtime: ModelRuntime, tokens: list[int]) -> KVCache:
     kv = KVCache()
-    kv.forward(model, tokens, list(range(-1, len(tokens) - 1)))
+    kv.forward(runtime, tokens, list(range(-1, len(tokens) - 1)))
     kv.commit(list(range(len(tokens))))
     return kv
 
 
-def storage_pointers(model) -> list[int]:
-    pool = pool_of(model)
+def storage_pointers(runtime: ModelRuntime) -> list[int]:
+    pool = runtime.pool
     return [pool.keys[i].data_ptr() for i in sorted(pool.keys)] + [pool.values[i].data_ptr() for i in sorted(pool.values)]
 
 
@@ -50,7 +49,7 @@ def assert_untouched(kv: KVCache, before) -> None:
 
 @pytest.fixture(scope="module")
 def llama():
-    return tiny_model("llama", seed=3)
+    return ModelRuntime(tiny_model("llama", seed=3))
 
 
 # llama: plain; mistral-sliding: every layer slides (window 5); qwen2-sliding: mixed layers;
@@ -58,41 +57,43 @@ def llama():
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "qwen2-sliding", "gemma2", "gpt2", "falcon-mqa"])
 def test_batched_rows_equal_single_rows_without_copying_history(arch):
     model = build(arch) if arch != "llama" else tiny_model("llama", seed=3)
+    runtime = ModelRuntime(model)
     long_prompt, short_prompt = [(5 * i + 1) % 90 for i in range(13)], [7, 8]
-    rows = [prefill(model, long_prompt), prefill(model, short_prompt)]
+    rows = [prefill(runtime, long_prompt), prefill(runtime, short_prompt)]
     rows.append(rows[0].fork())  # a copy of the long prompt: shares its prefix
     inputs = [TREE, CHAIN, ([30, 31], [-1, 0])]
-    alone = [prefill(model, p).forward(model, t, par) for p, (t, par) in
+    alone = [prefill(runtime, p).forward(runtime, t, par) for p, (t, par) in
              zip([long_prompt, short_prompt, long_prompt], inputs)]
-    pointers = storage_pointers(model)
-    batched = forward_batch(model, rows, [t for t, _ in inputs], [p for _, p in inputs])
+    pointers = storage_pointers(runtime)
+    batched = forward_batch(runtime, rows, [t for t, _ in inputs], [p for _, p in inputs])
     for got, want in zip(batched, alone):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     in_place = arch != "falcon-mqa"
     assert row_attention.serves(model) == in_place
     assert not model.config._attn_implementation.startswith("seed_tot+")  # the user's model is left as given
-    assert storage_pointers(model) == pointers  # capacity sufficed: written in place, nothing regrown
+    assert storage_pointers(runtime) == pointers  # capacity sufficed: written in place, nothing regrown
     # the next step, after a commit, still matches one-row-at-a-time
     for kv in rows:
         kv.commit([0])
-    reference = [prefill(model, p + [t[0]]) for p, (t, _) in zip([long_prompt, short_prompt, long_prompt], inputs)]
-    step = forward_batch(model, rows, [[40, 41]] * 3, [[-1, -1]] * 3)
+    reference = [prefill(runtime, p + [t[0]]) for p, (t, _) in zip([long_prompt, short_prompt, long_prompt], inputs)]
+    step = forward_batch(runtime, rows, [[40, 41]] * 3, [[-1, -1]] * 3)
     for got, ref in zip(step, reference):
-        torch.testing.assert_close(got, ref.forward(model, [40, 41], [-1, -1]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, ref.forward(runtime, [40, 41], [-1, -1]), rtol=1e-5, atol=1e-5)
 
 
 def test_a_batched_forward_packs_rows_so_the_model_runs_only_real_entries(llama):
     """Rows of 4, 3 and 1 new entries run as one sequence of 8 queries, not 3 rows padded to 4 (EMS-SD):
     the linear layers and the LM head never see a padding entry between rows."""
     rows = [prefill(llama, [1, 2, 3, 4, 5]), prefill(llama, [6, 7]), prefill(llama, [8, 9, 10])]
-    set_padding(llama, {})  # no hardware padding either, whatever this machine's BLAS prefers
+    llama.set_padding({})  # no hardware padding either, whatever this machine's BLAS prefers
     seen = []
-    hook = llama.get_input_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    embeddings = llama.model.get_input_embeddings()
+    hook = embeddings.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
     try:
         logits = forward_batch(llama, rows, [TREE[0], CHAIN[0], [30]], [TREE[1], CHAIN[1], [-1]])
     finally:
         hook.remove()
-        forget_padding(llama)
+        llama.set_padding(None)
     assert seen == [torch.Size([1, 8])]
     assert [lg.shape[0] for lg in logits] == [4, 3, 1]
 
@@ -113,16 +114,17 @@ class OpCounter(TorchDispatchMode):
 def test_a_decoder_layer_runs_the_same_ops_for_two_rows_and_for_eight(arch):
     """No loop over rows inside a layer: one write, one gather, one attention call whatever the batch."""
     model = build(arch) if arch != "llama" else tiny_model("llama", seed=3)
+    runtime = ModelRuntime(model)
     layer = model.model.layers[0]
     counts = []
     for n_rows in (2, 8):
-        rows = [prefill(model, [(3 * i + r) % 90 + 1 for i in range(5 + r)]) for r in range(n_rows)]
+        rows = [prefill(runtime, [(3 * i + r) % 90 + 1 for i in range(5 + r)]) for r in range(n_rows)]
         counter = OpCounter()
         hooks = [layer.register_forward_pre_hook(lambda *a: setattr(counter, "counting", True)),
                  layer.register_forward_hook(lambda *a: setattr(counter, "counting", False))]
         try:
             with counter:
-                forward_batch(model, rows, [TREE[0]] * n_rows, [TREE[1]] * n_rows)
+                forward_batch(runtime, rows, [TREE[0]] * n_rows, [TREE[1]] * n_rows)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -216,7 +218,7 @@ def test_a_finished_calls_rows_give_their_slots_back_without_the_garbage_collect
     try:
         for _ in range(4):
             engine.generate([[1, 2, 3, 4, 5]] * 3, SamplingParams(max_new_tokens=8), mode="parallel")
-        pool = pool_of(model)
+        pool = engine.target_runtime.pool
         pool.collect()
         in_use = pool.table.shape[0] - len(pool.free_lines)
     finally:
@@ -228,13 +230,14 @@ def test_the_config_names_row_attention_only_while_a_batched_forward_runs():
     """The engine routes a model's attention through row attention by renaming its config's attention
     implementation; that rename must last only as long as a batched forward, not stay on the model."""
     model = tiny_model("llama", seed=3)
+    runtime = ModelRuntime(model)
     original = model.config._attn_implementation
     seen = []
     handle = model.model.layers[0].register_forward_pre_hook(
         lambda module, args: seen.append(model.config._attn_implementation))
-    rows = [prefill(model, [5, 6, 7]), prefill(model, [8, 9])]
+    rows = [prefill(runtime, [5, 6, 7]), prefill(runtime, [8, 9])]
     seen.clear()
-    forward_batch(model, rows, [[1], [2]], [[-1], [-1]])
+    forward_batch(runtime, rows, [[1], [2]], [[-1], [-1]])
     handle.remove()
     assert seen == ["seed_tot+" + original]
     assert model.config._attn_implementation == original

@@ -43,12 +43,12 @@ def test_training_forward_at_every_group_equals_inference_on_context_and_masks(a
     assert not torch.allclose(trained[:, 0], trained[:, 1], atol=1e-3)
 
 
-def assert_drafter_cache_is_a_fresh_prefill(drafter, seq) -> None:
+def assert_drafter_cache_is_a_fresh_prefill(runtime, seq) -> None:
     """After a verification the drafter's cache holds no mask or rejected entry: it equals a prefill
-    of the sequence's committed tokens."""
+    of the sequence's committed tokens (through the drafter's runtime)."""
     assert seq.draft.parents == [] and seq.draft.committed == len(seq.tokens) - len(seq.pending(seq.draft))
     fresh = KVCache()
-    prefill(drafter, fresh, seq.tokens[: seq.draft.committed + 1])
+    prefill(runtime, fresh, seq.tokens[: seq.draft.committed + 1])
     for mine, ref in zip(seq.draft.cache.layers, fresh.cache.layers):
         torch.testing.assert_close(mine.keys, ref.keys, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(mine.values, ref.values, atol=1e-5, rtol=1e-4)
@@ -65,11 +65,11 @@ def test_one_draft_forward_per_round_and_the_drafter_cache_equals_a_fresh_prefil
         rounds = 0
         while not seq.done:
             calls.clear()
-            tree, node_entry = draft_round(drafter, seq, policy, params, engine.vocab_size)
+            tree, node_entry = draft_round(engine.draft_runtime, seq, policy, params, engine.vocab_size)
             assert len(calls) == 1 and tree.depth() == min(4, params.max_new_tokens - len(seq.generated))
-            verify_round(target, seq, tree, params, engine.vocab_size, node_entry)
+            verify_round(engine.target_runtime, seq, tree, params, engine.vocab_size, node_entry)
             rounds += 1
-            assert_drafter_cache_is_a_fresh_prefill(drafter, seq)
+            assert_drafter_cache_is_a_fresh_prefill(engine.draft_runtime, seq)
         assert seq.stats.draft_forwards == rounds == seq.stats.verifications
     finally:
         handle.remove()
@@ -93,7 +93,8 @@ def test_a_tree_draws_depth_t_nodes_from_q_t(target, drafter):
     params = SamplingParams(max_new_tokens=8, temperature=0)
     seqs, _ = engine._start([PROMPT], params, "seed", (2, 2))
     feed_logits = drafter(input_ids=torch.tensor([PROMPT + [drafter.mask_id(j) for j in (1, 2, 3)]])).logits[0]
-    tree, node_entry = draft_round(drafter, seqs[0], engine.policy("seed", (2, 2), params), params, engine.vocab_size)
+    tree, node_entry = draft_round(engine.draft_runtime, seqs[0], engine.policy("seed", (2, 2), params), params,
+                                   engine.vocab_size)
     assert node_entry == {} and tree.depth() == 4 and len(tree) == 2 + 4 + 4 + 4
     depth = [0] * len(tree)
     for i, p in enumerate(tree.parents):

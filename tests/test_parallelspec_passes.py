@@ -37,8 +37,8 @@ def test_pass_p_draws_the_levels_below_a_fed_node_from_the_drafters_forward_on_i
     calls = []
     handle = drafter.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
     try:
-        tree, node_entry = draft_round(drafter, seqs[0], ParallelSpecPolicy(drafter, (1,), depth=4, passes=passes),
-                                       params, engine.vocab_size)
+        policy = ParallelSpecPolicy(drafter, (1,), depth=4, passes=passes)
+        tree, node_entry = draft_round(engine.draft_runtime, seqs[0], policy, params, engine.vocab_size)
     finally:
         handle.remove()
     assert len(calls) == passes and tree.depth() == 4
@@ -61,12 +61,12 @@ def test_accepted_fed_nodes_stay_and_the_drafter_cache_equals_a_fresh_prefill(ta
     rounds = 0
     while not seq.done:
         budget = params.max_new_tokens - len(seq.generated)
-        tree, node_entry = draft_round(oracle, seq, policy, params, engine.vocab_size)
-        acc = verify_round(target, seq, tree, params, engine.vocab_size, node_entry)
+        tree, node_entry = draft_round(engine.draft_runtime, seq, policy, params, engine.vocab_size)
+        acc = verify_round(engine.target_runtime, seq, tree, params, engine.vocab_size, node_entry)
         rounds += 1
         # the oracle's fed levels are the target's own tokens: at least `passes` drafted tokens accepted
         assert len(acc.path) >= min(passes, budget)
-        assert_drafter_cache_is_a_fresh_prefill(oracle, seq)
+        assert_drafter_cache_is_a_fresh_prefill(engine.draft_runtime, seq)
     assert seq.generated == reference_greedy(target, PROMPT, 24)
     assert seq.stats.draft_forwards <= passes * rounds
 

@@ -8,6 +8,7 @@ import torch
 from conftest import reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import shared_prefill
+from seed_tot.engine.model_runtime import ModelRuntime
 from seed_tot.engine.kv_cache import KVCache
 from test_attention_types import build
 
@@ -17,9 +18,9 @@ PROMPTS = [HEAD + [1, 2, 3], HEAD + STEP + [4, 5], HEAD + STEP + [6], HEAD + [1,
 
 
 @torch.inference_mode()
-def alone(model, prompt: list[int]) -> KVCache:
+def alone(runtime, prompt: list[int]) -> KVCache:
     kv = KVCache()
-    kv.forward(model, prompt[:-1], [i - 1 for i in range(len(prompt) - 1)], logits_to_keep=1)
+    kv.forward(runtime, prompt[:-1], [i - 1 for i in range(len(prompt) - 1)], logits_to_keep=1)
     kv.commit(list(range(len(prompt) - 1)))
     return kv
 
@@ -31,22 +32,22 @@ def history(kv: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "gemma2", "gpt2", "falcon-mqa"])
 @torch.inference_mode()  # as the engine runs: caches hold inference tensors
 def test_every_prompt_holds_the_cache_it_would_have_alone(arch):
-    model = build(arch) if arch != "llama" else tiny_model("llama", seed=5)
-    caches, _ = shared_prefill.prefill_prompts(model, PROMPTS)
+    runtime = ModelRuntime(build(arch) if arch != "llama" else tiny_model("llama", seed=5))
+    caches, _ = shared_prefill.prefill_prompts(runtime, PROMPTS)
     for prompt, kv in zip(PROMPTS, caches):
-        want = alone(model, prompt)
+        want = alone(runtime, prompt)
         assert kv.committed == want.committed == len(prompt) - 1 and not kv.parents
         for layer in range(len(want.cache.layers)):
             for got, expected in zip(history(kv, layer), history(want, layer)):
                 torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         # and the next forward (the prompt's last token) scores as it would alone
-        torch.testing.assert_close(kv.forward(model, prompt[-1:], [-1]), want.forward(model, prompt[-1:], [-1]),
+        torch.testing.assert_close(kv.forward(runtime, prompt[-1:], [-1]), want.forward(runtime, prompt[-1:], [-1]),
                                    rtol=1e-5, atol=1e-5)
 
 
 def test_a_shared_stretch_is_scored_once():
-    model = tiny_model("llama", seed=5)
-    _, costs = shared_prefill.prefill_prompts(model, PROMPTS)
+    runtime = ModelRuntime(tiny_model("llama", seed=5))
+    _, costs = shared_prefill.prefill_prompts(runtime, PROMPTS)
     # HEAD once, STEP once (shared by prompts 1 and 2), then each distinct prompt's own tail but its last token
     assert sum(c.tokens for c in costs) == pytest.approx(40 + 2 + 35 + 1 + 0 + 2)
     assert sum(c.forwards for c in costs) == pytest.approx(2 + 4 - 1)  # HEAD, STEP, 3 tails (prompt 2's is empty)
@@ -54,9 +55,9 @@ def test_a_shared_stretch_is_scored_once():
 
 
 def test_short_common_beginnings_are_not_split_off():
-    model = tiny_model("llama", seed=5)
+    runtime = ModelRuntime(tiny_model("llama", seed=5))
     short = HEAD[: shared_prefill.MIN_SHARED - 1]
-    _, costs = shared_prefill.prefill_prompts(model, [short + [1, 2], short + [3, 4]])
+    _, costs = shared_prefill.prefill_prompts(runtime, [short + [1, 2], short + [3, 4]])
     assert sum(c.forwards for c in costs) == 2 and sum(c.tokens for c in costs) == 2 * len(short) + 2
 
 

@@ -136,11 +136,11 @@ def test_specdec_in_batched_seed_drafts_several_rows_per_forward_and_equals_targ
     refs = [reference_greedy(target, p, 24) for p in prompts]
     engine = Engine(target, draft)
     params = SamplingParams(max_new_tokens=24, temperature=0)
-    batched_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=HiddenCapture.of(draft))
+    batched_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=engine.draft_runtime.capture(HiddenCapture))
     batched = engine.generate(prompts, params, mode="seed", draft_policy=batched_policy, draft_batch=None,
                               verify_batch=None)
     assert [r.token_ids for r in batched] == refs
     assert 5 in {r["drafted"] for r in batched_policy.records}  # the head still decides: chains of five
-    one_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=HiddenCapture.of(draft))
+    one_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=engine.draft_runtime.capture(HiddenCapture))
     one = engine.generate(prompts, params, mode="seed", draft_policy=one_policy, draft_batch=1, verify_batch=1)
     assert sum(r.stats.draft_forwards for r in batched) < sum(r.stats.draft_forwards for r in one) / 2

@@ -7,7 +7,7 @@ import torch
 
 from conftest import tiny_model
 from seed_tot.engine.kv_cache import KVCache, forward_batch
-from seed_tot.engine.model_state import placement
+from seed_tot.engine.model_runtime import ModelRuntime
 from seed_tot.engine.params import SamplingParams
 from seed_tot.engine.sequence import Sequence, StopRule
 
@@ -28,18 +28,19 @@ def test_pending_tokens_equal_the_token_list_past_the_cache_at_every_length():
 
 def test_placement_follows_the_model_when_it_is_cast():
     model = tiny_model()
-    assert placement(model) == (model.device, model.dtype)
+    runtime = ModelRuntime(model)
+    assert runtime.placement == (model.device, model.dtype)
     model.to(torch.float64)  # Module.to swaps each parameter's data: the parameter read is the same object
-    assert placement(model) == (model.device, torch.float64) == (model.device, model.dtype)
+    assert runtime.placement == (model.device, torch.float64) == (model.device, model.dtype)
     model.to(torch.float32)
-    assert placement(model)[1] is torch.float32
+    assert runtime.placement[1] is torch.float32
 
 
-def _rows(model, prompts: list[list[int]]) -> list[KVCache]:
+def _rows(runtime: ModelRuntime, prompts: list[list[int]]) -> list[KVCache]:
     caches = []
     for prompt in prompts:
         kv = KVCache()
-        kv.forward(model, prompt, list(range(-1, len(prompt) - 1)))
+        kv.forward(runtime, prompt, list(range(-1, len(prompt) - 1)))
         kv.commit(list(range(len(prompt))))
         caches.append(kv)
     return caches
@@ -48,11 +49,12 @@ def _rows(model, prompts: list[list[int]]) -> list[KVCache]:
 @torch.inference_mode()
 def test_a_maskless_decode_step_of_equal_rows_equals_the_model_on_the_whole_sequence():
     model = tiny_model()
+    runtime = ModelRuntime(model)
     prompts = [[3, 5, 7, 9, 11], [4, 6, 8, 10, 12], [13, 1, 2, 3, 4]]  # one length: the step needs no mask
-    caches, sequences = _rows(model, prompts), [list(p) for p in prompts]
+    caches, sequences = _rows(runtime, prompts), [list(p) for p in prompts]
     for step in range(3):
         tokens = [[20 + step + b] for b in range(len(prompts))]
-        logits = forward_batch(model, caches, tokens, [[-1]] * len(prompts))
+        logits = forward_batch(runtime, caches, tokens, [[-1]] * len(prompts))
         for b, kv in enumerate(caches):
             sequences[b] += tokens[b]
             # the stock forward of the whole sequence, no cache of ours: an independent reference
@@ -62,12 +64,12 @@ def test_a_maskless_decode_step_of_equal_rows_equals_the_model_on_the_whole_sequ
 
 
 def test_row_attention_runs_with_autograd_enabled_and_matches_inference_mode():
-    model = tiny_model()
+    runtime = ModelRuntime(tiny_model())
     prompts = [[3, 5, 7, 9], [4, 6, 8]]  # unequal rows: masked, padded reads
     with torch.inference_mode():
-        reference = forward_batch(model, _rows(model, prompts), [[30], [31]], [[-1], [-1]])
-    caches = _rows(model, prompts)
+        reference = forward_batch(runtime, _rows(runtime, prompts), [[30], [31]], [[-1], [-1]])
+    caches = _rows(runtime, prompts)
     with torch.enable_grad():
-        logits = forward_batch(model, caches, [[30], [31]], [[-1], [-1]])
+        logits = forward_batch(runtime, caches, [[30], [31]], [[-1], [-1]])
     for got, want in zip(logits, reference):
         torch.testing.assert_close(got, want)

@@ -43,17 +43,18 @@ def true_slots(target, tokens: list[int]) -> torch.Tensor:
     return torch.cat([torch.zeros_like(hidden[:1]), hidden[:-1]])
 
 
-def assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive: bool = False) -> None:
+def assert_draft_cache_read_the_true_features(target, runtime, seq, check_sensitive: bool = False) -> None:
+    """runtime: the drafter's ModelRuntime, through which a fresh prefill is the reference."""
     n = seq.draft.committed
     fresh = KVCache()
-    prefill(drafter, fresh, seq.tokens[: n + 1], true_slots(target, seq.tokens[:n]))
+    prefill(runtime, fresh, seq.tokens[: n + 1], true_slots(target, seq.tokens[:n]))
     mine = [(layer.keys, layer.values) for layer in seq.draft.cache.layers]
     for (keys, values), ref in zip(mine, fresh.cache.layers):
         torch.testing.assert_close(keys[..., :n, :], ref.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(values[..., :n, :], ref.values, atol=1e-4, rtol=1e-4)
     if check_sensitive:  # the same tokens with zero features give other entries: the check can fail
         blind = KVCache()
-        prefill(drafter, blind, seq.tokens[: n + 1], torch.zeros(n, drafter.feature_size))
+        prefill(runtime, blind, seq.tokens[: n + 1], torch.zeros(n, runtime.model.feature_size))
         assert not torch.allclose(mine[0][0][..., :n, :], blind.cache.layers[0].keys, atol=1e-3)
 
 
@@ -63,12 +64,12 @@ def test_every_round_the_drafter_cache_holds_what_the_true_target_features_give(
     params = SamplingParams(max_new_tokens=24, temperature=0)
     seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1))
     seq, policy = seqs[0], engine.policy("sd", k_config, params)
-    assert_draft_cache_read_the_true_features(target, drafter, seq)  # the prefill
+    assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq)  # the prefill
     while not seq.done:
-        tree, node_entry = draft_round(drafter, seq, policy, params, engine.vocab_size)
-        verify_round(target, seq, tree, params, engine.vocab_size, node_entry)
+        tree, node_entry = draft_round(engine.draft_runtime, seq, policy, params, engine.vocab_size)
+        verify_round(engine.target_runtime, seq, tree, params, engine.vocab_size, node_entry)
         assert seq.draft.parents == []  # the masks never stay
-        assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive=True)
+        assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq, check_sensitive=True)
 
 
 @pytest.mark.parametrize("batch", [1, None])
@@ -80,12 +81,12 @@ def test_batched_seed_rows_with_shared_prompt_stretches_read_their_own_features(
     params = SamplingParams(max_new_tokens=16, temperature=0)
     seqs, k_config = engine._start(prompts, params, "seed", (2, 2), verify_batch=batch, draft_batch=batch)
     for seq in seqs:
-        assert_draft_cache_read_the_true_features(target, drafter, seq)
+        assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq)
     policy = engine.policy("seed", k_config, params)
     asyncio.run(SeedScheduler(engine).run(seqs, policy, DecodeSpec(verify_batch=batch, draft_batch=batch)))
     for prompt, seq in zip(prompts, seqs):
         assert seq.generated == reference_greedy(target, prompt, 16)
-        assert_draft_cache_read_the_true_features(target, drafter, seq, check_sensitive=True)
+        assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq, check_sensitive=True)
 
 
 @pytest.mark.parametrize("mode,k_config,batch", [("sd", (1,), 1), ("mcsd", (2, 2), 1), ("seed", (1,), 1),
@@ -168,7 +169,8 @@ def test_a_round_drafts_what_one_forward_on_the_true_features_gives_with_masks_r
     engine = Engine(target, drafter)
     params = SamplingParams(max_new_tokens=8, temperature=1.0)  # sampled: the tree keeps each q_t
     seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1, 1))
-    tree, _ = draft_round(drafter, seqs[0], engine.policy("sd", k_config, params), params, engine.vocab_size)
+    policy = engine.policy("sd", k_config, params)
+    tree, _ = draft_round(engine.draft_runtime, seqs[0], policy, params, engine.vocab_size)
     slots = true_slots(target, PROMPT)
     masks = [drafter.mask_id(j) for j in (1, 2, 3)]
     feats = torch.cat([slots, slots[-1:].expand(3, -1)])[None]

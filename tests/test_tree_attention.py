@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_model
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.model_runtime import ModelRuntime
 
 PREFIX = [3, 17, 4, 9, 22]
 # a tree of 9 nodes: parent index per node (-1 = child of the prefix's last token)
@@ -25,11 +26,12 @@ def path_to(node: int) -> list[int]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tree_node_logits_equal_plain_sequence_logits(arch):
     model = tiny_model(arch, seed=2)
+    runtime = ModelRuntime(model)
     kv = KVCache()
-    kv.forward(model, PREFIX[:-1], [i - 1 for i in range(len(PREFIX) - 1)])
+    kv.forward(runtime, PREFIX[:-1], [i - 1 for i in range(len(PREFIX) - 1)])
     kv.commit(list(range(len(PREFIX) - 1)))
     # entry 0 is the prefix's last token, tree nodes follow (their parents shifted by one)
-    logits = kv.forward(model, PREFIX[-1:] + TOKENS, [-1] + [p + 1 for p in PARENTS])
+    logits = kv.forward(runtime, PREFIX[-1:] + TOKENS, [-1] + [p + 1 for p in PARENTS])
     with torch.no_grad():
         for node in range(len(TOKENS)):
             plain = model(torch.tensor([PREFIX + path_to(node)])).logits[0, -1]
@@ -38,15 +40,16 @@ def test_tree_node_logits_equal_plain_sequence_logits(arch):
 
 def test_commit_keeps_exactly_the_accepted_path():
     model = tiny_model("llama", seed=2)
+    runtime = ModelRuntime(model)
     kv = KVCache()
-    kv.forward(model, PREFIX, [i - 1 for i in range(len(PREFIX))])
+    kv.forward(runtime, PREFIX, [i - 1 for i in range(len(PREFIX))])
     kv.commit(list(range(len(PREFIX))))
-    kv.forward(model, TOKENS, PARENTS)
+    kv.forward(runtime, TOKENS, PARENTS)
     path = [1, 4, 7]  # tokens 12, 15, 18: a root-to-leaf chain
     kv.commit(path)
     assert kv.length == len(PREFIX) + 3
     # the next token's logits from the committed cache equal those of the plain sequence
-    nxt = kv.forward(model, [5], [-1])[0]
+    nxt = kv.forward(runtime, [5], [-1])[0]
     with torch.no_grad():
         plain = model(torch.tensor([PREFIX + [12, 15, 18, 5]])).logits[0, -1]
     torch.testing.assert_close(nxt, plain, atol=1e-4, rtol=1e-4)
@@ -54,14 +57,16 @@ def test_commit_keeps_exactly_the_accepted_path():
 
 def test_commit_rejects_a_non_chain():
     model = tiny_model("llama", seed=2)
+    runtime = ModelRuntime(model)
     kv = KVCache()
-    kv.forward(model, TOKENS, PARENTS)
+    kv.forward(runtime, TOKENS, PARENTS)
     with pytest.raises(ValueError, match="chain"):
         kv.commit([0, 4])  # node 4's parent is 1, not 0
 
 
 def test_batched_tree_forward_equals_one_sequence_at_a_time():
     model = tiny_model("qwen2", seed=6)
+    runtime = ModelRuntime(model)
     prompts = [[1, 2, 3, 4, 5, 6], [7], [8, 9]]  # different prefix lengths, one empty prefix
     trees = [(TOKENS, PARENTS), ([30, 31, 32], [-1, 0, 1]), ([40], [-1])]
     singles, batched = [], []
@@ -69,12 +74,12 @@ def test_batched_tree_forward_equals_one_sequence_at_a_time():
         for out in (singles, batched):
             kv = KVCache()
             if len(prompt) > 1:
-                kv.forward(model, prompt[:-1], [i - 1 for i in range(len(prompt) - 1)])
+                kv.forward(runtime, prompt[:-1], [i - 1 for i in range(len(prompt) - 1)])
             kv.commit(list(range(len(kv.parents))))
             out.append(kv)
-    single_logits = [kv.forward(model, [p[-1]] + t, [-1] + [x + 1 for x in par])
+    single_logits = [kv.forward(runtime, [p[-1]] + t, [-1] + [x + 1 for x in par])
                      for kv, p, (t, par) in zip(singles, prompts, trees)]
-    batch_logits = forward_batch(model, batched, [[p[-1]] + t for p, (t, _) in zip(prompts, trees)],
+    batch_logits = forward_batch(runtime, batched, [[p[-1]] + t for p, (t, _) in zip(prompts, trees)],
                                  [[-1] + [x + 1 for x in par] for _, par in trees])
     for a, b in zip(single_logits, batch_logits):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

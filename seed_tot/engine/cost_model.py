@@ -133,9 +133,7 @@ def calibration_plan(engine, context: int = 64, sizes: tuple[int, ...] = CALIBRA
     """The prefix length and the target and draft query sizes to time, within the models' limits: a
     model with learned positions (GPT-2, OPT) has none past its table, so there the prefix shrinks to
     half of it and the sizes that would not fit after it are left out (`Costs` extrapolates past them)."""
-    from .kv_cache import layout_of
-
-    limits = [layout_of(m).max_positions for m in (engine.target, engine.draft) if m is not None]
+    limits = [r.layout.max_positions for r in (engine.target_runtime, engine.draft_runtime) if r is not None]
     limit = min((n for n in limits if n is not None), default=None)
     if limit is not None:
         if limit < 2:
@@ -159,19 +157,19 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
     context, sizes, draft_sizes = calibration_plan(engine, context, sizes, draft_sizes)
     prompt = [i % engine.vocab_size for i in range(1, context + 1)]
 
-    def timed(model, n_new: int) -> float:
+    def timed(runtime, n_new: int) -> float:
         kv = KVCache()
-        prefill(model, kv, prompt)
+        prefill(runtime, kv, prompt)
         best = float("inf")
         for _ in range(repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
-            kv.forward(model, prompt[:n_new], [i - 1 for i in range(n_new)])
+            kv.forward(runtime, prompt[:n_new], [i - 1 for i in range(n_new)])
             best = min(best, time.perf_counter() - start)
             kv.commit([])
         return best
 
-    points = tuple((n, timed(engine.target, n)) for n in sizes)
-    draft_points = tuple((n, timed(engine.draft, n)) for n in draft_sizes)
+    points = tuple((n, timed(engine.target_runtime, n)) for n in sizes)
+    draft_points = tuple((n, timed(engine.draft_runtime, n)) for n in draft_sizes)
     (n0, one), (n1, many) = points[0], points[-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
     return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)

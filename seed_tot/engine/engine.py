@@ -9,8 +9,8 @@ from typing import Sequence as Seq
 
 import torch
 
-from .kv_cache import layout_of
 from .masks import UnsupportedAttention
+from .model_runtime import ModelRuntime
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
                      load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
@@ -24,13 +24,17 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """A target model, an optional draft model sharing its vocabulary, and a tokenizer."""
+    """A target model, an optional draft model sharing its vocabulary, and a tokenizer. The engine runs
+    each model through its own `ModelRuntime` (`target_runtime`, `draft_runtime`: model_runtime.py)."""
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
                  prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
+        # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model
+        self.target_runtime = ModelRuntime(self.target)
+        self.draft_runtime = ModelRuntime(self.draft) if self.draft is not None else None
         self.tokenizer = tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)
@@ -44,8 +48,8 @@ class Engine:
                 raise ValueError(f"draft {draft_name} has {draft_vocab} output tokens but target "
                                  f"{target_name} samples over {self.vocab_size}: they must share a vocabulary")
         # a drafter that reads the target's hidden states gets them from every target forward (target_features.py)
-        self.target_hidden = (TargetHidden.of(self.target) if getattr(self.draft, "uses_target_features", False)
-                              else None)
+        reads_features = getattr(self.draft, "uses_target_features", False)
+        self.target_hidden = self.target_runtime.capture(TargetHidden) if reads_features else None
         eos = getattr(target_model.generation_config, "eos_token_id", None)
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
@@ -250,17 +254,17 @@ class Engine:
         if spec.mode != "seed":  # ar, sd, mcsd: one sequence of the call after another, alone in its forwards
             return spec.replace(n_workers=1, verify_batch=1, draft_batch=1)
 
-        def decide(value: int | str, model) -> int | str:
+        def decide(value: int | str, runtime: ModelRuntime) -> int | str:
             if value != AUTO_BATCH:
                 return value
             try:
-                layout_of(model).check_tree_masks("batched seed")
+                runtime.layout.check_tree_masks("batched seed")
             except UnsupportedAttention:
                 return 1
             return ALL_BATCH
 
-        return spec.replace(verify_batch=decide(spec.verify_batch, self.target),
-                            draft_batch=decide(spec.draft_batch, self.draft if self.draft is not None else self.target))
+        return spec.replace(verify_batch=decide(spec.verify_batch, self.target_runtime),
+                            draft_batch=decide(spec.draft_batch, self.draft_runtime or self.target_runtime))
 
     def generate_pipelined(self, prompts, params: SamplingParams | None = None, mode: str = "pipedec",
                            stages: int = 2, **options):
@@ -284,7 +288,7 @@ class Engine:
         if mode != "parallel":
             return True
         try:
-            layout_of(self.target).check_tree_masks("parallel across calls")
+            self.target_runtime.layout.check_tree_masks("parallel across calls")
         except UnsupportedAttention:
             return False
         return True
@@ -319,23 +323,23 @@ class Engine:
         tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
         if tree:
             what = f"mode {mode} with the tree k_config {','.join(map(str, k_config))}"
-            layout_of(self.target).check_tree_masks(what)
+            self.target_runtime.layout.check_tree_masks(what)
             if with_draft:
-                layout_of(self.draft).check_tree_masks(what)
+                self.draft_runtime.layout.check_tree_masks(what)
         if mode == "seed" and verify_batch != 1:
-            layout_of(self.target).check_tree_masks(f"seed with verify_batch={verify_batch}")
+            self.target_runtime.layout.check_tree_masks(f"seed with verify_batch={verify_batch}")
         if mode == "seed" and draft_batch != 1 and with_draft:
-            layout_of(self.draft).check_tree_masks(f"seed with draft_batch={draft_batch}")
+            self.draft_runtime.layout.check_tree_masks(f"seed with draft_batch={draft_batch}")
 
     def _check_context(self, encoded: list[list[int]], params: SamplingParams, with_draft: bool) -> None:
         """Models with learned absolute positions (GPT-2, OPT) cannot go past their table: say so up front.
         Rotary models keep going past max_position_embeddings, as they do in transformers' generate."""
         longest = max(len(ids) for ids in encoded) + params.max_new_tokens
-        models = [(self.target, self.target_name)]
+        runtimes = [(self.target_runtime, self.target_name)]
         if with_draft:
-            models.append((self.draft, self.draft_name))
-        for model, name in models:
-            limit = layout_of(model).max_positions
+            runtimes.append((self.draft_runtime, self.draft_name))
+        for runtime, name in runtimes:
+            limit = runtime.layout.max_positions
             if limit is not None and longest > limit:
                 raise ValueError(f"{name} has learned position embeddings for {limit} positions, but the longest "
                                  f"prompt ({longest - params.max_new_tokens} tokens) + max_new_tokens "
@@ -355,9 +359,9 @@ class Engine:
         prompts = [seq.prompt for seq in seqs]
         reads_features = with_draft and self.target_hidden is not None
         if reads_features:  # the drafter's prefill reads the target's hidden states of the prompt
-            caches, costs, hidden = prefill_prompts(self.target, prompts, hidden=self.target_hidden)
+            caches, costs, hidden = prefill_prompts(self.target_runtime, prompts, hidden=self.target_hidden)
         else:
-            caches, costs = prefill_prompts(self.target, prompts, store=self.prefix_stores["target"])
+            caches, costs = prefill_prompts(self.target_runtime, prompts, store=self.prefix_stores["target"])
         for seq, kv, cost in zip(seqs, caches, costs):
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
@@ -374,7 +378,8 @@ class Engine:
                 features.append(seq.features.slots(0, len(seq.prompt) - 1))
                 seq.features.drop_before(len(seq.prompt) - 2)  # the first round's pending token reads f_{P-2}
         if with_draft:
-            caches, costs = prefill_prompts(self.draft, prompts, features=features, store=self.prefix_stores["draft"])
+            caches, costs = prefill_prompts(self.draft_runtime, prompts, features=features,
+                                            store=self.prefix_stores["draft"])
             for seq, kv, cost in zip(seqs, caches, costs):
                 seq.draft = kv
                 seq.stats.draft_prefills += cost.forwards
@@ -418,9 +423,9 @@ class Engine:
             return
         what = f"draft policy {name!r}, whose rounds may draft trees,"
         try:
-            layout_of(self.target).check_tree_masks(what)
+            self.target_runtime.layout.check_tree_masks(what)
             if uses_draft_model and self.draft is not None:
-                layout_of(self.draft).check_tree_masks(what)
+                self.draft_runtime.layout.check_tree_masks(what)
         except UnsupportedAttention as err:
             raise UnsupportedAttention(f"{str(err).rstrip('.')}. Policies that draft chains are exact for it too: fixed with a "
                                        f"chain k_config, auto, specdec, lookup, opt-tree with n=1, parallelspec "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,7 +43,6 @@ from . import row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import SCRATCH
 from .masks import AttentionLayout, additive_masks
-from .model_state import placement, state_of
 
 log = logging.getLogger(__name__)
 
@@ -266,36 +264,19 @@ def graph_refusal(model) -> str | None:
     return None
 
 
-_runners: "weakref.WeakKeyDictionary[object, GraphedForward]" = weakref.WeakKeyDictionary()
-_runners_lock = threading.Lock()
-
-
-def bucket(model, fixed_shapes: "bool | Buckets | None", features, n_new: list[int], n_keys: int
+def bucket(runtime, fixed_shapes: "bool | Buckets | None", features, n_new: list[int], n_keys: int
            ) -> tuple[GraphedForward, Shape] | None:
-    """The runner of `model` and the shape of a forward of rows adding n_new[b] entries (n_keys: the
-    longest history after it), where this forward runs at a fixed shape; None: at its exact size.
-    fixed_shapes None: on CUDA only (graphs); True: the default buckets anywhere; a Buckets: those."""
-    if fixed_shapes is False:
-        return None
-    device, dtype = placement(model)
-    if fixed_shapes is None and device.type != "cuda":
+    """The runner of a model runtime (model_runtime.py) and the shape of a forward of rows adding
+    n_new[b] entries (n_keys: the longest history after it), where this forward runs at a fixed shape;
+    None: at its exact size. fixed_shapes None: on CUDA only (graphs); True: the default buckets
+    anywhere; a Buckets: those."""
+    if fixed_shapes is False or (fixed_shapes is None and runtime.placement[0].type != "cuda"):
         return None
     if features is not None:  # a drafter's target_features input: its own per-row layout, not bucketed
         return None
-    if state_of(model).captures:  # hidden-state hooks run in Python: a replayed graph would not call them
+    if runtime.capturing:  # hidden-state hooks run in Python: a replayed graph would not call them
         return None
     shape = (fixed_shapes if isinstance(fixed_shapes, Buckets) else DEFAULT_BUCKETS).shape(n_new, n_keys)
     if shape is None:
         return None
-    found = _runners.get(model)
-    if found is None or (found.device, found.dtype) != (device, dtype):  # moved or cast: anew
-        with _runners_lock:
-            found = _runners.get(model)
-            if found is None or (found.device, found.dtype) != (device, dtype):
-                found = _runners[model] = GraphedForward(model)
-    return found, shape
-
-
-def graphed_forward_of(model) -> GraphedForward | None:
-    """The model's fixed-shape runner, if a forward has made one (tests, counters)."""
-    return _runners.get(model)
+    return runtime.graph_runner(), shape

@@ -10,26 +10,17 @@ import threading
 import torch
 
 from . import row_attention
-from .model_state import state_of
 
 
 class HiddenCapture:
     """The draft's final hidden states (the lm_head's input) of the current thread's last forward.
     A forward pre-hook, so the stock model and `KVCache.forward` stay as they are; thread-local
-    because SEED runs several sequences' draft forwards on different threads at once."""
+    because SEED runs several sequences' draft forwards on different threads at once. An engine's
+    is its runtime's (`ModelRuntime.capture`), one per kind."""
 
     def __init__(self, model):
         self._local = threading.local()
         self._handle = model.get_output_embeddings().register_forward_pre_hook(self._hook)
-
-    @classmethod
-    def of(cls, model) -> "HiddenCapture":
-        """The model's one capture of this kind: a hook per policy or engine would pile up over a run's calls."""
-        captures = state_of(model).captures
-        capture = captures.get(cls.__name__)
-        if capture is None:
-            capture = captures[cls.__name__] = cls(model)
-        return capture
 
     def _hook(self, module, args) -> None:
         self._local.hidden = row_attention.unpacked(args[0].detach())  # [rows, entries, hidden]

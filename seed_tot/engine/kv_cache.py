@@ -7,7 +7,8 @@ row of the 4D attention mask (the prefix plus its ancestors). After verification
 the accepted root-to-leaf path and drops every other entry, so the cache stays a plain sequence.
 Stock transformers models take the 4D mask and position ids as they are: no forked modeling code.
 
-Storage (kv_pool.py): every row of a model keeps its keys/values in that model's preallocated pool,
+Every forward goes through a `ModelRuntime` (model_runtime.py): the model and what the engine keeps
+about it. Storage (kv_pool.py): every row keeps its keys/values in its runtime's preallocated pool,
 written in place; a row holds a line of slot ids. Forks of one prompt hold the parent's prefix slots
 (counted, not copied), commit moves slot ids only, and a batched forward (`forward_batch`) packs the
 rows' new entries into one sequence (no padding between rows) and runs one attention call per layer
@@ -23,20 +24,10 @@ from transformers import DynamicCache
 
 from . import graphed_forward, row_attention
 from .cache_argument import cache_kwargs
-from .kv_pool import pool_of
-from .masks import AttentionLayout, batched_visibility, build_attention_mask, tree_visibility, window_masks
-from .model_state import placement, state_of
-from .query_padding import padded_rows
+from .masks import batched_visibility, build_attention_mask, tree_visibility, window_masks
+from .model_runtime import ModelRuntime
 from .row_storage import RowCache
 from .target_features import placed_features
-
-
-def layout_of(model) -> AttentionLayout:
-    """The model's attention layout, worked out once per model object (it reads the model's source)."""
-    state = state_of(model)
-    if state.layout is None:
-        state.layout = AttentionLayout.of(model)
-    return state.layout
 
 
 class KVCache:
@@ -68,38 +59,38 @@ class KVCache:
             raise ValueError(f"fork of {length} entries from a cache of {self.committed}")
         return KVCache(self.cache.fork(length), length)
 
-    def forward(self, model, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
+    def forward(self, runtime: ModelRuntime, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
                 features: torch.Tensor | None = None) -> torch.Tensor:
-        """Score new entries; parents index the uncommitted entries (old then new), -1 = prefix.
+        """Score new entries through `runtime` (always the same one: the cache lives in its pool);
+        parents index the uncommitted entries (old then new), -1 = prefix.
         Returns the logits [len(tokens), V] of the new entries, or of the last `logits_to_keep` of
         them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model).
         features: the target's hidden states for the first entries, for a drafter that reads them
         (target_features.py; the other entries read zeros)."""
+        model = runtime.model
         if row_attention.serves(model):  # a batch of one: the one path of every model that can take it
-            layout = layout_of(model)
-            layout.check_tree_masks("a draft tree")
-            return _forward_pooled(model, layout, [self], [tokens], [parents],
+            runtime.layout.check_tree_masks("a draft tree")
+            return _forward_pooled(runtime, [self], [tokens], [parents],
                                    None if features is None else [features], logits_to_keep, None)[0]
         n_old, n = len(self.parents), len(tokens)
-        pad = padded_rows(model, n) - n
+        pad = runtime.padded_rows(n) - n
         if pad:  # a chain off the last real entry, dropped below: no real entry attends to it (query_padding.py)
             tokens = list(tokens) + [tokens[-1]] * pad
             parents = list(parents) + [n_old + n - 1 + i for i in range(pad)]
             logits_to_keep = logits_to_keep + pad if logits_to_keep else 0
         all_parents = self.parents + list(parents)
-        device = placement(model)[0]
+        device, dtype = runtime.placement
         mask = None
         if any(p != i - 1 for i, p in enumerate(all_parents)):  # a real tree: spell out who sees whom
-            layout = layout_of(model)
+            layout = runtime.layout
             layout.check_tree_masks("a draft tree")
             allowed, query_pos, key_pos = tree_visibility(self.committed, all_parents, n_old)
-            mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], placement(model)[1],
-                                        device)
+            mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], dtype, device)
         else:  # a chain needs no mask: the model's own causal and sliding-window masks are exact for it
             query_pos = torch.arange(self.length, self.length + len(parents))
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         keep.update(_feature_inputs(model, None if features is None else [features], (1, len(tokens)), [(0, 0)]))
-        with self.cache.scoring(pool_of(model), len(tokens)):
+        with self.cache.scoring(runtime.pool, len(tokens)):
             out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
                         attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
         self.parents = all_parents
@@ -136,7 +127,7 @@ def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tu
     return {"target_features": placed_features(features, shape, slots, model.feature_size, model.dtype, model.device)}
 
 
-def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
+def forward_batch(runtime: ModelRuntime, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)",
                   features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0,
                   fixed_shapes: "bool | graphed_forward.Buckets | None" = None) -> list[torch.Tensor]:
@@ -152,27 +143,25 @@ def forward_batch(model, caches: list[KVCache], tokens: list[list[int]], parents
     off CUDA (tests prove padding changes nothing); False never. Forwards a fixed shape cannot serve
     (target features, capture hooks, a prefill above the buckets) run `_forward_packed`.
     """
-    layout = layout_of(model)
-    layout.check_tree_masks(what)
-    if not row_attention.serves(model):
-        return _forward_batch_copied(model, layout, caches, tokens, parents, features)
-    return _forward_pooled(model, layout, caches, tokens, parents, features, logits_to_keep, fixed_shapes)
+    runtime.layout.check_tree_masks(what)
+    if not row_attention.serves(runtime.model):
+        return _forward_batch_copied(runtime, caches, tokens, parents, features)
+    return _forward_pooled(runtime, caches, tokens, parents, features, logits_to_keep, fixed_shapes)
 
 
-def _forward_pooled(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
+def _forward_pooled(runtime: ModelRuntime, caches: list[KVCache], tokens: list[list[int]],
                     parents: list[list[int]], features: list[torch.Tensor | None] | None, logits_to_keep: int,
                     fixed_shapes: "bool | graphed_forward.Buckets | None") -> list[torch.Tensor]:
     """`forward_batch` of a model that row attention serves (checked by the caller)."""
     if logits_to_keep and len(caches) > 1:
         raise ValueError("logits_to_keep is for a forward of one row")
-    pool = pool_of(model)
+    model, layout, pool, windows = runtime.model, runtime.layout, runtime.pool, runtime.windows
     for kv in caches:
         kv.cache.bind(pool)
-    windows = row_attention.layer_windows(model, layout)
     n_new = [len(t) for t in tokens]
     all_parents = [kv.parents + list(pars) for kv, pars in zip(caches, parents)]
     n_keys = max(kv.length + n for kv, n in zip(caches, n_new))
-    fixed = graphed_forward.bucket(model, fixed_shapes, features, n_new, n_keys)
+    fixed = graphed_forward.bucket(runtime, fixed_shapes, features, n_new, n_keys)
     if fixed is not None:
         runner, shape = fixed
         visibility = batched_visibility([kv.committed for kv in caches], all_parents,
@@ -182,30 +171,31 @@ def _forward_pooled(model, layout: AttentionLayout, caches: list[KVCache], token
                                 keep=logits_to_keep)
         rows = [logits] if logits_to_keep else list(logits.split(n_new))
     else:
-        rows = _forward_packed(model, layout, pool, caches, tokens, all_parents, windows, features, logits_to_keep)
+        rows = _forward_packed(runtime, caches, tokens, all_parents, windows, features, logits_to_keep)
     for kv, pars in zip(caches, all_parents):
         kv.parents = pars
     return rows
 
 
-def forward_rows(model, caches, tokens: list[list[int]], parents: list[list[int]], what: str,
+def forward_rows(runtime: ModelRuntime, caches, tokens: list[list[int]], parents: list[list[int]], what: str,
                  features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0) -> list[torch.Tensor]:
     """One forward of every row: a row alone goes through its cache (`KVCache.forward`, which takes the
     batched path where the model allows it and the stock path where no batched mask is exact: ALiBi),
     several rows through `forward_batch`. logits_to_keep: a row alone only."""
     if len(caches) == 1:
         row_features = None if features is None else features[0]
-        return [caches[0].forward(model, tokens[0], parents[0], logits_to_keep=logits_to_keep, features=row_features)]
-    return forward_batch(model, caches, tokens, parents, what=what,
+        return [caches[0].forward(runtime, tokens[0], parents[0], logits_to_keep=logits_to_keep, features=row_features)]
+    return forward_batch(runtime, caches, tokens, parents, what=what,
                          features=features if features is not None and any(f is not None for f in features) else None)
 
 
-def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache], tokens: list[list[int]],
+def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[list[int]],
                     all_parents: list[list[int]], windows: list[int | None],
                     features: list[torch.Tensor | None] | None, logits_to_keep: int) -> list[torch.Tensor]:
     """`forward_batch` at exactly the rows' size: every row's logits (or the last `logits_to_keep`).
     all_parents[b]: row b's uncommitted entries' parents after this forward (old then new)."""
-    device, dtype = placement(model)
+    model, layout, pool = runtime.model, runtime.layout, runtime.pool
+    device, dtype = runtime.placement
     n_new = [len(t) for t in tokens]
     # packed, not padded (EMS-SD): the rows' queries follow each other in one sequence, so every linear
     # layer and the LM head run on the real entries only; row_attention.py gives each row its own slice
@@ -216,7 +206,7 @@ def _forward_packed(model, layout: AttentionLayout, pool, caches: list[KVCache],
     n_real = at
     # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
     # they belong to no row: they attend to nothing and never reach storage
-    n_query = padded_rows(model, n_real)
+    n_query = runtime.padded_rows(n_real)
     if _sees_everything(caches, n_new, windows):  # no key hidden from any query: no mask to build or add
         masks = {window: None for window in set(windows)}
         packed = torch.tensor([kv.length for kv in caches])  # each row's one query sits at its length
@@ -258,13 +248,13 @@ def _sees_everything(caches: list[KVCache], n_new: list[int], windows: list[int 
     return all(kv.length + 1 == length for kv in caches) and all(w is None or w >= length for w in windows)
 
 
-def _forward_batch_copied(model, layout: AttentionLayout, caches: list[KVCache], tokens: list[list[int]],
+def _forward_batch_copied(runtime: ModelRuntime, caches: list[KVCache], tokens: list[list[int]],
                           parents: list[list[int]], features: list[torch.Tensor | None] | None = None
                           ) -> list[torch.Tensor]:
     """The fallback: every row's history gathered and left-padded into one DynamicCache (a copy per call,
     counted in copy_s), one forward with a padded 4D mask, then the rows' new entries go to the pool."""
-    device, dtype = model.device, model.dtype
-    pool = pool_of(model)
+    model, layout, pool = runtime.model, runtime.layout, runtime.pool
+    device, dtype = runtime.placement
     for kv in caches:
         kv.cache.bind(pool)
     n_hist = max(kv.length for kv in caches)

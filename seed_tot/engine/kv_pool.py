@@ -29,8 +29,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .model_state import state_of
-
 MIN_SLOTS = 1024
 MIN_WIDTH = 256
 MIN_LINES = 16
@@ -243,15 +241,3 @@ class KVPool:
     def bytes_per_slot(self) -> int:
         return sum(t.shape[1:].numel() * t.element_size() for store in (self.keys, self.values) for t in store.values())
 
-
-def pool_of(model) -> KVPool:
-    """The pool of `model`'s KV storage (one per model object, made on first use)."""
-    state = state_of(model)
-    if state.pool is None:
-        with state.lock:
-            if state.pool is None:
-                device = getattr(model, "device", None)
-                if device is None:
-                    device = next(model.parameters()).device
-                state.pool = KVPool(device)
-    return state.pool

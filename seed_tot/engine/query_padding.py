@@ -5,8 +5,8 @@ costs for small n is up to the BLAS. Some BLAS builds run a few rows as one matr
 row and switch to a matrix-matrix kernel only at 4 or more, so 3 rows can cost more than 4 and a
 verification of a 2-token draft pays three weight passes where four padded rows need under two;
 other CPUs show no such step (docs/benchmarks.md, "Figures behind the code's design choices"). So
-nothing is assumed: once per model, `padded_rows` times one of the model's large products
-(`_probe_layer`) for 1..MAX_ROWS rows and maps each n to the cheapest m >= n.
+nothing is assumed: once per model runtime, `ModelRuntime.padded_rows` has `measure_padding` time one of
+the model's large products (`_probe_layer`) for 1..MAX_ROWS rows and map each n to the cheapest m >= n.
 
 `KVCache.forward` and `forward_batch` then add m - n padding entries after the real ones and drop
 them before anything reads the cache, so no real entry ever attends to one: output is unchanged.
@@ -15,13 +15,10 @@ GPUs (and small models, where the product is too cheap to matter) are never padd
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import torch
 from torch import nn
-
-from .model_state import state_of
 
 log = logging.getLogger(__name__)
 
@@ -30,33 +27,6 @@ MIN_PARAMS = 1_000_000  # smaller products cost microseconds: timing them is noi
 MAX_PROBE_PARAMS = 64_000_000  # a larger product takes too long to time 8 x 6 times at load
 GAIN = 0.85  # pad only when the padded product costs at most this share of the unpadded one
 NEAR = 1.25  # fewer rows unless many more are clearly cheaper: attention and the rest grow with rows too
-_lock = threading.Lock()
-
-
-def padded_rows(model, n: int) -> int:
-    """The row count to run a forward of `n` new entries at (>= n). The first call measures, whatever
-    its n: that is a model's first forward (a prefill, before any draft worker runs beside it)."""
-    state = state_of(model)
-    table = state.row_padding
-    if table is None:
-        with _lock:
-            table = state.row_padding
-            if table is None:
-                table = state.row_padding = measure_padding(model)
-    return table.get(n, n)
-
-
-def set_padding(model, table: dict[int, int]) -> None:
-    """Fix the padding of `model` instead of measuring it (tests; a caller that knows its hardware)."""
-    for n, m in table.items():
-        if not 1 <= n <= m:
-            raise ValueError(f"row padding {n} -> {m}: a forward can only be padded up")
-    state_of(model).row_padding = dict(table)
-
-
-def forget_padding(model) -> None:
-    """Measure the padding again on the next forward (tests that fixed it with `set_padding`)."""
-    state_of(model).row_padding = None
 
 
 def _probe_layer(model) -> nn.Linear | None:

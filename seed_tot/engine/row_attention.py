@@ -9,9 +9,9 @@ pool by one index, their masks (tree structure + the layer's sliding window, mas
 once per forward. No Python loop over rows runs inside a layer.
 
 Per forward, not per model: the model's config names the registered implementation ("seed_tot+sdpa" /
-"seed_tot+eager") only while a batched forward of it runs or its engine's scheduler has calls (`hold`
-counts them), and names its own again after, so the user's model is left as it was given. Even meanwhile the registered
-function dispatches to the model's original attention unless *this thread* is inside a batched forward
+"seed_tot+eager") only while a batched forward of it runs or an engine's scheduler has calls (`hold`
+counts them, per config), and names its own again after, so the user's model is left as it was
+given. Even meanwhile the registered function dispatches to the model's original attention unless *this thread* is inside a batched forward
 of this model, so other threads' forwards of the same model and stock-attention forwards (pipeline
 stages) are exactly what they were. Masks are still built by the original implementation's mask function.
 """
@@ -27,7 +27,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .masks import AttentionLayout
-from .model_state import state_of
 
 PREFIX = "seed_tot+"
 # Stock modules that append to the cache with `past_key_values.update` and then call
@@ -177,18 +176,14 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
 
 
 def layer_windows(model, layout: AttentionLayout) -> list[int | None]:
-    """The sliding window (in positions, None: full) of every decoder layer, by masks.py's layout rules;
-    worked out once per model (reading a transformers config attribute is a host cost per forward)."""
-    state = state_of(model)
-    if state.windows is None:
-        config = model.config
-        n_layers = config.num_hidden_layers
-        types = getattr(config, "layer_types", None)
-        if layout.as_dict and types:
-            state.windows = [layout.windows[types[i]] for i in range(n_layers)]
-        else:  # one window for every layer (Mistral, Phi-3, Llama)
-            state.windows = [next(iter(layout.windows.values()))] * n_layers
-    return state.windows
+    """The sliding window (in positions, None: full) of every decoder layer, by masks.py's layout rules
+    (`ModelRuntime.windows` keeps them: reading a transformers config attribute is a host cost per forward)."""
+    config = model.config
+    n_layers = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    if layout.as_dict and types:
+        return [layout.windows[types[i]] for i in range(n_layers)]
+    return [next(iter(layout.windows.values()))] * n_layers  # one window for every layer (Mistral, Phi-3, Llama)
 
 
 def unpacked(hidden: torch.Tensor) -> torch.Tensor:
@@ -204,30 +199,40 @@ def unpacked(hidden: torch.Tensor) -> torch.Tensor:
     return rows * batch.valid[..., None].to(rows.dtype)
 
 
-def hold(model) -> None:
-    """Name row attention in `model`'s config until the matching `release` (counted): the first holder
-    renames, the last one to release names the original again. A scheduler holds its models while it
-    has calls, so that the forwards in between (each an `active_batch`) find it named already; setting
-    the config's attribute goes through transformers' validating setter, a host cost per forward."""
-    state = state_of(model)
-    config = model.config
-    with state.route_lock:
-        if state.attention_routes == 0:
+# Counted per config, not per model runtime: `_attn_implementation` is an attribute of the model's
+# config, which every engine (each with its runtime) over one model object shares, so one engine's
+# release must not name the original again while another engine's forward of that model runs. Keyed
+# by id (a config compares by value and is unhashable); an entry lives only while it is held, and a
+# holder keeps the model, hence its config and the id, alive.
+_routes: dict[int, int] = {}
+_routes_lock = threading.Lock()
+
+
+def hold(config) -> None:
+    """Name row attention in `config` until the matching `release` (counted): the first holder
+    renames, the last one to release names the original again. A scheduler holds its models' configs
+    while it has calls, so that the forwards in between (each an `active_batch`) find it named already;
+    setting the config's attribute goes through transformers' validating setter, a host cost per forward."""
+    with _routes_lock:
+        held = _routes.get(id(config), 0)
+        if held == 0:
             name = _original(config._attn_implementation)
             wrapped = PREFIX + name
             if wrapped not in ALL_ATTENTION_FUNCTIONS:  # registered once per implementation, for every model
                 AttentionInterface.register(wrapped, _dispatch)
                 AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])
             config._attn_implementation = wrapped
-        state.attention_routes += 1
+        _routes[id(config)] = held + 1
 
 
-def release(model) -> None:
-    state = state_of(model)
-    with state.route_lock:
-        state.attention_routes -= 1
-        if state.attention_routes == 0:
-            model.config._attn_implementation = _original(model.config._attn_implementation)
+def release(config) -> None:
+    with _routes_lock:
+        held = _routes[id(config)] - 1
+        if held:
+            _routes[id(config)] = held
+        else:
+            del _routes[id(config)]
+            config._attn_implementation = _original(config._attn_implementation)
 
 
 class active_batch:
@@ -238,12 +243,12 @@ class active_batch:
         self.model, self.batch = model, batch
 
     def __enter__(self):
-        hold(self.model)
+        hold(self.model.config)
         self.previous = getattr(_active, "batch", None)
         _active.batch = self.batch
         return self.batch
 
     def __exit__(self, *exc):
         _active.batch = self.previous
-        release(self.model)
+        release(self.model.config)
         return False

@@ -1,4 +1,4 @@
-"""A row's transformers `Cache`, backed by its model's KV pool (kv_pool.py).
+"""A row's transformers `Cache`, backed by its model runtime's KV pool (kv_pool.py, model_runtime.py).
 
 The keys and values live in the pool; a row holds only its table line (which slots, in order). A fork
 of a prompt holds the same slots as its parent for the shared prefix (counted, never copied) and new
@@ -74,11 +74,12 @@ class RowCache(Cache):
         self._past = 0
 
     def bind(self, pool: KVPool) -> None:
-        """Store this row in `pool` (its model's); a row's entries never move between pools."""
+        """Store this row in `pool` (its model runtime's); a row's entries never move between pools."""
         if self.pool is None:
             self.pool, self.line = pool, pool.new_line(self)
         elif self.pool is not pool:
-            raise RuntimeError("this cache holds another model's entries: a KVCache serves one model")
+            raise RuntimeError("this cache's entries live in another pool: a KVCache is scored through one "
+                               "ModelRuntime (one model, one engine)")
 
     @property
     def length(self) -> int:

@@ -122,7 +122,7 @@ class SeedScheduler:
         self._queue = VerifyQueue()
         self._to_draft: collections.deque[tuple[Sequence, _Call]] = collections.deque()
         self._in_step = False
-        self._held: list = []  # models whose config names row attention while this loop has calls
+        self._held: list = []  # model runtimes whose config names row attention while this loop has calls
         self._empty_tree = DraftTree.empty(engine.vocab_size)  # every plain step's draft (never changed)
 
     @property
@@ -244,13 +244,13 @@ class SeedScheduler:
         """Keep row attention named in the models' configs while there are calls (row_attention.hold):
         naming it once per call, not twice per forward."""
         if hold and not self._held:
-            engine = self.engine
-            self._held = [m for m in (engine.target, engine.draft) if m is not None and row_attention.serves(m)]
-            for model in self._held:
-                row_attention.hold(model)
+            runtimes = (self.engine.target_runtime, self.engine.draft_runtime)
+            self._held = [r for r in runtimes if r is not None and row_attention.serves(r.model)]
+            for runtime in self._held:
+                row_attention.hold(runtime.config)
         elif not hold:
-            for model in self._held:
-                row_attention.release(model)
+            for runtime in self._held:
+                row_attention.release(runtime.config)
             self._held = []
 
     def _start_next(self, call: _Call) -> None:
@@ -301,7 +301,7 @@ class SeedScheduler:
                 continue
             starts = [call.now() for _, call in batch]
             try:
-                drafts = draft_rows(self.engine.draft, [(seq, call.policy) for seq, call in batch],
+                drafts = draft_rows(self.engine.draft_runtime, [(seq, call.policy) for seq, call in batch],
                                     self.engine.vocab_size)
             except Exception as err:  # each affected call raises it, naming its sequence
                 for seq, call in batch:
@@ -324,7 +324,7 @@ class SeedScheduler:
             starts = {id(c): c.now() for c in calls}
             for c in calls:
                 c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
-            outcomes = _verify_isolated(self.engine.target, jobs, self.engine.vocab_size)
+            outcomes = _verify_isolated(self.engine.target_runtime, jobs, self.engine.vocab_size)
             for job, outcome in zip(jobs, outcomes):
                 call = job.call
                 if isinstance(outcome, Exception):  # confined to this job's call
@@ -366,17 +366,17 @@ class SeedScheduler:
             self._end(call, err)
 
 
-def _verify_isolated(model, jobs: list[VerifyJob], vocab_size: int) -> list:
+def _verify_isolated(runtime, jobs: list[VerifyJob], vocab_size: int) -> list:
     """Verify the jobs in one target forward; a failure ends only the sequences it belongs to.
     If the shared forward fails (nothing is committed then), each job is retried alone, so one bad
     row cannot take down other callers' rows. Returns an Acceptance or the exception, per job."""
     rows = [(j.seq, j.tree, j.node_entry) for j in jobs]
     try:
-        scored = score_rows(model, rows)
+        scored = score_rows(runtime, rows)
     except Exception as err:
         if len(jobs) == 1:
             return [err]
         log.warning("a batched verification of %d sequences failed (%r); verifying them one by one", len(jobs), err)
-        return [outcome for job in jobs for outcome in _verify_isolated(model, [job], vocab_size)]
+        return [outcome for job in jobs for outcome in _verify_isolated(runtime, [job], vocab_size)]
     # every row decided at once (one transfer of the decisions), each row's failure its own
     return accept_rows(rows, scored, vocab_size)

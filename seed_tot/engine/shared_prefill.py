@@ -14,7 +14,7 @@ scored in pieces holds the entries it would hold scored in one forward, up to th
 order of the sums (as in any batched forward). Models whose attention cannot read a forked
 segment in place (row_attention.py) keep one prefill per distinct prompt.
 
-Across calls, a `PrefixStore` (one per model, owned by the engine) keeps read-only forks of the
+Across calls, a `PrefixStore` (one per model runtime, owned by the engine) keeps read-only forks of the
 prompts and shared stretches it scored, LRU: a ToT search's next step repeats its question and
 earlier steps, every problem repeats the task's few-shot text, so a call first forks the longest
 stored stretch (at least MIN_SHARED tokens) that begins its prompts and scores only the rest.
@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from . import row_attention
-from .kv_cache import KVCache, layout_of
+from .kv_cache import KVCache
 from .masks import UnsupportedAttention
+from .model_runtime import ModelRuntime
 from .speculative import extend
 
 # Shorter common stretches are scored with each prompt: a separate forward costs more than the
@@ -108,12 +109,12 @@ class PrefixStore:
             return self._entries[best_key].fork(best), best
 
 
-def _can_share(model) -> bool:
+def _can_share(runtime: ModelRuntime) -> bool:
     try:
-        layout_of(model).check_tree_masks("a shared prompt prefix")
+        runtime.layout.check_tree_masks("a shared prompt prefix")
     except UnsupportedAttention:
         return False
-    return row_attention.serves(model)
+    return row_attention.serves(runtime.model)
 
 
 def _common_length(prompts: list[list[int]]) -> int:
@@ -126,10 +127,11 @@ def _common_length(prompts: list[list[int]]) -> int:
 
 
 @torch.inference_mode()
-def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor] | None = None,
+def prefill_prompts(runtime: ModelRuntime, prompts: list[list[int]], features: list[torch.Tensor] | None = None,
                     hidden=None, store: PrefixStore | None = None) -> tuple:
     """One committed cache per prompt holding all but its last token (scored with its first round),
-    and what each prompt's prefill cost. Equal prompts get forks of one cache. With a `store`, each
+    scored through `runtime`, and what each prompt's prefill cost. Equal prompts get forks of one
+    cache. With a `store` (one kept for this runtime: its entries live in the runtime's pool), each
     prompt starts from the longest stretch stored by earlier calls, and what is scored is stored
     (not for a drafter that reads the target's hidden states: those come from the scoring forward).
     For a drafter that reads the target's hidden states (target_features.py): `features[i]` holds
@@ -145,9 +147,9 @@ def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor
             continue
         first_of[key] = i
         distinct.append(i)
-    share = len(distinct) > 1 and _can_share(model)
+    share = len(distinct) > 1 and _can_share(runtime)
     if store is not None and (features is not None or hidden is not None or not store.max_entries
-                              or not _can_share(model)):
+                              or not _can_share(runtime)):
         store = None
 
     chunks: list[list[torch.Tensor]] = [[] for _ in prompts]  # hidden states by prompt, in position order
@@ -155,7 +157,7 @@ def prefill_prompts(model, prompts: list[list[int]], features: list[torch.Tensor
     def score(kv: KVCache, tokens: list[int], owners: list[int]) -> None:
         start = time.perf_counter()
         at = kv.length  # a shared stretch has the same tokens and positions for every owner
-        extend(model, kv, tokens, None if features is None else features[owners[0]][at: at + len(tokens)])
+        extend(runtime, kv, tokens, None if features is None else features[owners[0]][at: at + len(tokens)])
         if hidden is not None and tokens:
             row = hidden.take_rows()[0, : len(tokens)]
             for i in owners:

@@ -21,6 +21,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .draft_tree import DraftTree
 from .kv_cache import forward_rows
+from .model_runtime import ModelRuntime
 from .params import SamplingParams
 from .policies.base import DraftPolicy
 from .policies.fixed import FixedPolicy
@@ -37,27 +38,28 @@ def _chain_parents(n: int) -> list[int]:
 
 
 @torch.inference_mode()
-def prefill(model, kv, prompt: list[int], features: torch.Tensor | None = None) -> None:
+def prefill(runtime: ModelRuntime, kv, prompt: list[int], features: torch.Tensor | None = None) -> None:
     """Put all but the last prompt token in the cache; the last one is scored with the first round."""
-    extend(model, kv, prompt[:-1], features)
+    extend(runtime, kv, prompt[:-1], features)
 
 
 @torch.inference_mode()
-def extend(model, kv, tokens: list[int], features: torch.Tensor | None = None) -> None:
+def extend(runtime: ModelRuntime, kv, tokens: list[int], features: torch.Tensor | None = None) -> None:
     """Score `tokens` after kv's committed history as a chain and commit them (prefill, shared stretches).
     features: their target hidden states, for a drafter that reads them (target_features.py)."""
     if tokens:
-        kv.forward(model, tokens, _chain_parents(len(tokens)), logits_to_keep=1, features=features)
+        kv.forward(runtime, tokens, _chain_parents(len(tokens)), logits_to_keep=1, features=features)
     kv.commit(list(range(len(kv.parents))))
 
 
 @torch.inference_mode()
-def draft_rows(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
+def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
                params: SamplingParams | None = None) -> list[tuple[DraftTree, dict[int, int]]]:
     """One draft round for every (sequence, its call's policy): one draft forward per step of the
     longest round, every row still drafting in it. Each round is its policy's state machine fed its
     own row's logits and drawing from its own sequence's generator, so a row's draft does not depend
     on which rows share its forwards. Each row drafts with its sequence's params (or `params`).
+    runtime: the draft model's (None: policies that never feed it, prompt lookup).
     Returns, per row, the tree and, per tree node fed to the draft model, its draft-cache entry."""
     by_policy: dict[int, tuple[DraftPolicy, list[Sequence]]] = {}
     for seq, policy in rows:
@@ -74,7 +76,7 @@ def draft_rows(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
             break
         # a row alone reads only the logits it needs; a batch returns every entry's
         keep = feeds[active[0]].keep if len(active) == 1 else 0
-        logits = forward_rows(model, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
+        logits = forward_rows(runtime, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
                               [feeds[i].parents for i in active], "batched drafting (draft_batch > 1)",
                               [feeds[i].features for i in active], logits_to_keep=keep)
         # policies that read the draft's hidden states (specdec, auto with a head): the capture holds
@@ -97,20 +99,20 @@ def draft_rows(model, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
     return out
 
 
-def draft_round(model, seq: Sequence, policy: DraftPolicy | tuple[int, ...], params: SamplingParams,
-                vocab_size: int) -> tuple[DraftTree, dict[int, int]]:
+def draft_round(runtime: ModelRuntime | None, seq: Sequence, policy: DraftPolicy | tuple[int, ...],
+                params: SamplingParams, vocab_size: int) -> tuple[DraftTree, dict[int, int]]:
     """`draft_rows` for one sequence; `policy` may be a k_config (the `fixed` policy of that shape)."""
     if not isinstance(policy, DraftPolicy):
         policy = FixedPolicy(policy)
-    return draft_rows(model, [(seq, policy)], vocab_size, params)[0]
+    return draft_rows(runtime, [(seq, policy)], vocab_size, params)[0]
 
 
 @torch.inference_mode()
-def verify_round(model, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
+def verify_round(runtime: ModelRuntime, seq: Sequence, tree: DraftTree, params: SamplingParams, vocab_size: int,
                  node_entry: dict[int, int] | None = None) -> Acceptance:
     """Score pending tokens + tree in one target forward, accept, and commit both caches."""
     job = (seq, tree, node_entry)
-    outcome = accept_rows([job], score_rows(model, [job]), vocab_size, params)[0]
+    outcome = accept_rows([job], score_rows(runtime, [job]), vocab_size, params)[0]
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
@@ -128,16 +130,16 @@ class ScoredRow:
 
 
 @torch.inference_mode()
-def score_rows(model, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) -> list[ScoredRow]:
+def score_rows(runtime: ModelRuntime, jobs: list[tuple[Sequence, DraftTree, dict[int, int]]]) -> list[ScoredRow]:
     """The target forward of a verification: every job's row in one forward.
     Nothing is committed yet, so a failure here leaves every sequence as it was."""
     start = time.perf_counter()
     inputs = [_target_inputs(seq, tree) for seq, tree, _ in jobs]
-    all_logits = forward_rows(model, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
+    all_logits = forward_rows(runtime, [seq.target for seq, _, _ in jobs], [t for t, _, _ in inputs],
                               [p for _, p, _ in inputs], "batched verification (verify_batch > 1)")
     busy = time.perf_counter() - start
     # a drafter that reads the target's hidden states gets them from this forward (target_features.py)
-    hidden = TargetHidden.of(model).take_rows() if any(seq.features is not None for seq, _, _ in jobs) else None
+    hidden = runtime.capture(TargetHidden).take_rows() if any(seq.features is not None for seq, _, _ in jobs) else None
     return [ScoredRow(logits, n_p, busy, len(jobs), None if hidden is None else hidden[b, : len(tokens)])
             for b, (logits, (tokens, _, n_p)) in enumerate(zip(all_logits, inputs))]
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from seed_tot.engine.kv_cache import layout_of
-from seed_tot.engine.masks import build_attention_mask, tree_visibility
+from seed_tot.engine.masks import AttentionLayout, build_attention_mask, tree_visibility
 
 from . import checkpoints
 from .samples import Sample
@@ -60,7 +59,7 @@ def group_batch(drafter, tokens: list[int], anchors: list[int], hidden: torch.Te
             ids.append(drafter.mask_id(j))
         rows.append(group)
     allowed, query_pos, key_pos = tree_visibility(0, parents, 0)
-    layout = layout_of(drafter)
+    layout = AttentionLayout.of(drafter)
     layout.check_tree_masks("drafter training (the group-wise layout)")
     mask = build_attention_mask(layout, allowed[None], query_pos[None], key_pos[None], drafter.dtype, drafter.device)
     labels = [[tokens[t + 1 + j] if t + 1 + j < n else IGNORE for j in range(k + 1)] for t in anchors]

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..model_runtime import ModelRuntime
 from ..params import GenerationResult, SamplingParams
 from .comm import DistComm, LocalComm
 from .roles import DraftRole, TargetRole, new_sequence
@@ -70,7 +71,8 @@ class PipelineOutput:
     stats: PipelineStats
 
 
-def _roles(ranks, target, draft, prompt, params, cfg: PipelineConfig, vocab_size, eos_ids, tokenizer, seed):
+def _roles(ranks, target, draft: ModelRuntime | None, prompt, params, cfg: PipelineConfig, vocab_size, eos_ids,
+           tokenizer, seed):
     ranges = split_layers(target.config.num_hidden_layers, cfg.n_stages) if target is not None else None
     roles = []
     for rank in ranks:
@@ -108,6 +110,7 @@ def simulate(target, draft, prompts: list[list[int]], params: SamplingParams, cf
              eos_ids=(), tokenizer=None) -> list[PipelineOutput]:
     """Every stage in this process, in lockstep: the reference the multi-process run must equal."""
     _check(target.config.num_hidden_layers, cfg, draft is not None)
+    draft = ModelRuntime(draft) if draft is not None else None  # one for every prompt's draft role
     outputs = []
     for i, prompt in enumerate(prompts):
         roles = _roles(range(cfg.n_stages + 1), target, draft, prompt, params, cfg, vocab_size, eos_ids, tokenizer,
@@ -126,7 +129,7 @@ def run_rank(rank: int, source: ModelSource, prompts, params, cfg: PipelineConfi
     for turn in range(world):  # load one rank at a time: peak memory is one model, not N + 1
         if turn == rank:
             if rank == 0:
-                draft = source.load("draft") if cfg.mode != "pp" else None
+                draft = ModelRuntime(source.load("draft")) if cfg.mode != "pp" else None
             else:
                 target = source.load("target")
                 keep_only_stage(target, split_layers(target.config.num_hidden_layers, cfg.n_stages)[rank - 1])

@@ -71,16 +71,17 @@ class DraftRole(Role):
 
     is_draft = True
 
-    def __init__(self, model, seq: Sequence, params: SamplingParams, vocab_size: int, width: int, children: int,
+    def __init__(self, runtime, seq: Sequence, params: SamplingParams, vocab_size: int, width: int, children: int,
                  enabled: bool = True):
+        """runtime: the draft model's ModelRuntime, made once per process for every prompt's role."""
         super().__init__(seq)
         self.rank = 0
-        self.model, self.params, self.vocab_size = model, params, vocab_size
+        self.runtime, self.params, self.vocab_size = runtime, params, vocab_size
         self.width, self.children, self.enabled = width, children, enabled
         self.cache = StageKV()
         self.child_logp: dict[int, torch.Tensor] = {}  # node -> draft log-probabilities of its next token
         if enabled:
-            prefill(model, self.cache.kv, seq.prompt)
+            prefill(self.runtime, self.cache.kv, seq.prompt)
 
     @torch.inference_mode()
     def compute(self):
@@ -92,7 +93,7 @@ class DraftRole(Role):
         todo = [n for n in deepest if n not in self.child_logp]
         if todo:
             parents = self.cache.parents_for([tree.nodes[n].parent for n in todo], todo)
-            logits = self.cache.kv.forward(self.model, [tree.nodes[n].token for n in todo], parents)
+            logits = self.cache.kv.forward(self.runtime, [tree.nodes[n].token for n in todo], parents)
             self.cache.ids = self.cache.ids + todo
             self.forwards += 1
             for n, row in zip(todo, torch.log_softmax(logits[:, : self.vocab_size].double(), -1)):

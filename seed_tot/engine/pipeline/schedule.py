@@ -100,9 +100,9 @@ def run_stpp(roles, comm, n_stages: int, k_config: tuple[int, ...]) -> PipelineS
         if draft is not None:
             draft.seq.draft = draft.cache.kv
             calls: list[int] = []  # count the draft's forwards, whatever the drafting code does per level
-            handle = draft.model.register_forward_hook(lambda *_: calls.append(1))
+            handle = draft.runtime.model.register_forward_hook(lambda *_: calls.append(1))
             try:
-                tree, node_entry = draft_round(draft.model, draft.seq, k_config, draft.params, draft.vocab_size)
+                tree, node_entry = draft_round(draft.runtime, draft.seq, k_config, draft.params, draft.vocab_size)
             finally:
                 handle.remove()
             levels = len(calls)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ..cache_argument import cache_kwargs
-from ..kv_cache import KVCache, layout_of
-from ..kv_pool import pool_of
+from ..kv_cache import KVCache
+from ..kv_pool import KVPool
 from ..masks import FULL, AttentionLayout, build_attention_mask, tree_visibility
 
 # decoder-only models whose stock forward is exactly embed -> layers -> norm -> lm_head (Gemma, for
@@ -100,7 +100,7 @@ class TargetStage(nn.Module):
                              f"LM head, nothing else in the forward); {model.config.model_type} is not one of them")
         types = getattr(model.config, "layer_types", None) or [FULL] * model.config.num_hidden_layers
         self.layer_types = [types[i] for i in layers]
-        self.layout = layout_of(model)
+        self.layout = AttentionLayout.of(model)
         self.layer_range = layers
         self.blocks = nn.ModuleList([inner.layers[i] for i in layers])
         self.rotary = inner.rotary_emb
@@ -111,6 +111,7 @@ class TargetStage(nn.Module):
         self.dtype = model.dtype
         self.device = model.device
         self.hidden_size = model.config.hidden_size
+        self.pool = KVPool(self.device)  # its layers' KV storage: every stage keeps its own
 
     @torch.inference_mode()
     def run(self, cache: StageKV, ids: list[int], tokens: list[int], parent_ids: list[int],
@@ -124,7 +125,7 @@ class TargetStage(nn.Module):
         if self.first:
             hidden = self.embed(torch.tensor([tokens], device=self.device))
         position_embeddings = self.rotary(hidden, position_ids=positions)
-        with kv.cache.scoring(pool_of(self), len(tokens)):  # the blocks store their entries in this stage's pool
+        with kv.cache.scoring(self.pool, len(tokens)):
             for block, layer_type in zip(self.blocks, self.layer_types):
                 layer_mask = mask[layer_type] if isinstance(mask, dict) else mask  # sliding or full layer
                 hidden = block(hidden, attention_mask=layer_mask, position_ids=positions, use_cache=True,

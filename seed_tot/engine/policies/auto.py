@@ -125,15 +125,15 @@ class AutoPolicy(DraftPolicy):
     @classmethod
     def from_options(cls, engine, k_config, params, max_len=8, prior=0.5, probe_every=8, recalibrate="false",
                      head=None, load="greedy") -> "AutoPolicy":
-        head_model = None
+        head_model = capture = None
         if head is not None:
             from .specdec import load_checked_head
             head_model = load_checked_head(head, engine, params)
+            capture = engine.draft_runtime.capture(HiddenCapture)
         return cls(load_costs(engine, recalibrate=_flag(recalibrate)),
                    option(cls.name, "max_len", max_len, int, 1), option(cls.name, "prior", prior, float, 0),
                    probe_every=option(cls.name, "probe_every", probe_every, int, 1), head=head_model,
-                   eos_ids=engine.eos_ids, capture=HiddenCapture.of(engine.draft) if head_model is not None else None,
-                   load=load)
+                   eos_ids=engine.eos_ids, capture=capture, load=load)
 
     def predict(self, hidden: torch.Tensor) -> float:
         """P̂ for the token whose entry produced `hidden` (one vector)."""

@@ -6,7 +6,7 @@ The interface is a small state machine so that a driver owns every model forward
     round = policy.begin(seq, params, vocab_size)      # per sequence, per round
     feed = round.first_feed()                          # None: draft nothing this round
     while feed is not None:
-        logits = seq.draft.forward(model, feed.tokens, feed.parents)   # a scheduler may batch rows
+        logits = seq.draft.forward(runtime, feed.tokens, feed.parents)  # a scheduler may batch rows
         feed = round.step(logits, hidden)              # hidden: final hidden states if round.needs_hidden
     tree, node_entry = round.finish()
     ... verify ...

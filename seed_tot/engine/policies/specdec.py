@@ -39,8 +39,8 @@ class SpecDecPolicy(DraftPolicy):
         if head is None:
             raise ValueError("draft policy 'specdec' needs a trained head: --head DIR (policy option head=DIR)")
         return cls(load_checked_head(head, engine, params), option(cls.name, "h", h, float),
-                   option(cls.name, "min_len", min_len, int, 1),
-                   option(cls.name, "max_len", max_len, int, 1), engine.eos_ids, HiddenCapture.of(engine.draft))
+                   option(cls.name, "min_len", min_len, int, 1), option(cls.name, "max_len", max_len, int, 1),
+                   engine.eos_ids, engine.draft_runtime.capture(HiddenCapture))
 
     def predict(self, hidden: torch.Tensor) -> float:
         """P̂ for the token whose entry produced `hidden` (one vector)."""
