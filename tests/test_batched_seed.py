@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from conftest import noisy_copy, reference_greedy, rows_stopping_differently, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import speculative, summarize
+from seed_tot.engine.kv_cache import KVCache
+from seed_tot.engine.model_runtime import ModelRuntime
+from seed_tot.engine.policies import FixedPolicy
 from seed_tot.engine.seed import SeedError
+from seed_tot.engine.sequence import Sequence, StopRule
 
 MAX_NEW = 16
 
@@ -212,3 +217,27 @@ def test_on_one_forward_thread_concurrent_calls_merge_into_one_group_of_rows(set
     assert long_out[0].token_ids == reference_greedy(target, long[0], 24)
     batches = [e["batch"] for e in long_out[0].stats.events if e["type"] == "verify"]
     assert max(batches) == 5  # the long row verified in one forward with all four short rows
+
+
+def test_fixed_rounds_stepped_together_draft_each_row_what_it_drafts_alone(setup, monkeypatch):
+    """FixedRound.step_rows reads every greedy row's top tokens with one top-k for the batch: each row
+    still gets the tree its own round drafts alone, also beside rows of another k_config."""
+    _, draft = setup
+    runtime = ModelRuntime(draft)
+    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
+    prompts = [[4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7], [5, 6, 7, 8]]
+    policies = [FixedPolicy((2, 2, 1)), FixedPolicy((1, 1, 1))]
+
+    def rows():
+        rule = StopRule(params, frozenset(), None)
+        return [(Sequence(b, list(p), rule, torch.Generator(), draft=KVCache()), policies[b % 2])
+                for b, p in enumerate(prompts)]
+
+    vocab = draft.config.vocab_size
+    alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in rows()]
+    topks = []
+    real_topk = torch.topk
+    monkeypatch.setattr(torch, "topk", lambda *a, **k: topks.append(1) or real_topk(*a, **k))
+    together = [tree for tree, _ in speculative.draft_rows(runtime, rows(), vocab)]
+    assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
+    assert len(topks) == 3  # one per draft step for all five rows (depth 3), not one per row or node

@@ -16,6 +16,7 @@ from conftest import tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import row_attention
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.kv_pool import SCRATCH
 from seed_tot.engine.model_runtime import ModelRuntime
 from test_attention_types import build
 
@@ -195,6 +196,41 @@ def test_a_rows_slots_are_freed_when_it_is_gone_and_shared_ones_when_the_last_ho
     del parent
     pool.collect()
     assert bool((pool.refs[prefix] == 0).all())
+
+
+def _assert_pool_accounts_for_every_slot(pool) -> None:
+    """Each slot is held (refs > 0) or on the free stack, once (the scratch slot is held for good)."""
+    free = pool.free[:pool.n_free].tolist()
+    held = set(torch.nonzero(pool.refs > 0).flatten().tolist())
+    assert len(free) == len(set(free)), "a slot is on the free stack twice"
+    assert not held & set(free), "a held slot is on the free stack"
+    assert SCRATCH in held and len(held) + len(free) == pool.capacity
+
+
+def test_dropped_tails_are_freed_together_at_the_next_pool_call_and_never_twice(llama):
+    rows = [prefill(llama, [2, 3, 4, 5 + b]) for b in range(4)]
+    pool = rows[0].cache.pool
+    forward_batch(llama, rows, [CHAIN[0]] * 3 + [TREE[0]], [CHAIN[1]] * 3 + [TREE[1]])
+    drafted = [pool.slots_of(kv.cache.line)[4:] for kv in rows]
+    rows[0].commit([0])  # prefixes: only the lengths move, the tails wait for the next pool call
+    rows[1].commit([0, 1, 2])
+    rows[2].commit([])
+    n_free = pool.n_free
+    assert pool.n_free == n_free and bool((pool.refs[drafted[0][1:]] == 1).all())
+    rows[3].commit([0, 2, 3])  # a reorder drains what waits first, then frees its own dropped entry
+    assert bool((pool.refs[drafted[0][1:]] == 0).all()) and bool((pool.refs[drafted[2]] == 0).all())
+    assert bool((pool.refs[drafted[1]] == 1).all()) and pool.n_free == n_free + 2 + 3 + 1
+    _assert_pool_accounts_for_every_slot(pool)
+    for kv, kept in zip(rows, ([20], [20, 21, 22], [], [10, 12, 13])):  # each row is its accepted tokens
+        fresh = prefill(llama, [2, 3, 4, 5 + rows.index(kv)] + kept)
+        for got, want in zip(kv.cache.layers, fresh.cache.layers):
+            torch.testing.assert_close(got.keys, want.keys, rtol=1e-5, atol=1e-5)
+    for _ in range(3):  # rounds of drafts dropped and slots reused keep the accounting exact
+        forward_batch(llama, rows, [CHAIN[0]] * 4, [CHAIN[1]] * 4)
+        for b, kv in enumerate(rows):
+            kv.commit(list(range(b % 3)))
+    pool.collect()
+    _assert_pool_accounts_for_every_slot(pool)
 
 
 def test_growth_beyond_capacity_is_counted_as_cache_management(llama):

@@ -71,6 +71,9 @@ class KVPool:
         self._create = threading.Lock()
         self._in_flight = 0
         self._released: list[Line] = []  # lines of rows collected since the last drain
+        # (line index, start, end): uncommitted tails that commits dropped since the last drain, freed
+        # together there (one gather and one count update per step, not a handful of ops per row)
+        self._dropped: list[tuple[int, int, int]] = []
 
     # ------------------------------------------------------------------ lines
     # the table and counts are bookkeeping, updated in place from any mode: never inference tensors
@@ -112,6 +115,14 @@ class KVPool:
             self._drain()
 
     def _drain(self) -> None:
+        """Free what was let go since the last pool call. Every call that writes the table drains
+        first, so a dropped tail's slot ids are still in the table when they are read here."""
+        if self._dropped:
+            dropped, self._dropped = self._dropped, []
+            rows = [index for index, start, end in dropped for _ in range(start, end)]
+            cols = [col for _, start, end in dropped for col in range(start, end)]
+            # no slot twice: an uncommitted entry's slot belongs to its line alone (forks share committed ones)
+            self._unref(self.table[rows, cols])
         while self._released:
             line = self._released.pop()
             if line.length:
@@ -125,10 +136,23 @@ class KVPool:
         self.free[self.n_free: self.n_free + freed.numel()] = freed
         self.n_free += freed.numel()
 
-    @torch.inference_mode(False)
     def keep(self, line: Line, start: int, entries: list[int]) -> None:
-        """Entries start+entries[i] of `line` move to start+i; every other entry from `start` on is dropped."""
+        """Entries start+entries[i] of `line` move to start+i; every other entry from `start` on is dropped.
+        Entries that are a prefix (every chain's acceptance) stay where they are: only the length moves,
+        and the dropped rest is freed at the next drain with every other row's."""
+        n = len(entries)
+        if entries == list(range(n)):
+            with self._cond:
+                if start + n < line.length:
+                    self._dropped.append((line.index, start + n, line.length))
+                line.length = start + n
+            return
+        self._reorder(line, start, entries)
+
+    @torch.inference_mode(False)
+    def _reorder(self, line: Line, start: int, entries: list[int]) -> None:
         with self._cond:
+            self._drain()  # this writes the line's table: none of its old slots may still wait to be freed
             tail = self.table[line.index, start:line.length].clone()
             kept = tail[torch.tensor(entries, dtype=torch.long)] if entries else tail[:0]
             dropped = torch.ones(tail.numel(), dtype=torch.bool)

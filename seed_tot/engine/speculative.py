@@ -83,11 +83,16 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
         # the forward's [rows, entries, hidden], row j's first entries its own (after `keep` cut them)
         hidden = {id(c): c.take_rows() for c in {id(rows[i][1].capture): rows[i][1].capture for i in active
                                                  if rows[i][1].capture is not None}.values()}
+        by_class: dict[type, list[tuple[int, torch.Tensor, torch.Tensor | None]]] = {}
         for j, (i, row_logits) in enumerate(zip(active, logits)):
             seqs[i].stats.draft_forwards += 1 / len(active)  # one forward shared by the active rows
             capture = rows[i][1].capture
             row_hidden = hidden[id(capture)][j, :keep or len(feeds[i].tokens)] if rounds[i].needs_hidden else None
-            feeds[i] = rounds[i].step(row_logits, row_hidden)
+            by_class.setdefault(type(rounds[i]), []).append((i, row_logits, row_hidden))
+        for cls, group in by_class.items():  # a policy's rounds step together (DraftRound.step_rows)
+            stepped = cls.step_rows([rounds[i] for i, _, _ in group], [x for _, x, _ in group], [h for _, _, h in group])
+            for (i, _, _), feed in zip(group, stepped):
+                feeds[i] = feed
     busy = time.perf_counter() - start
     out = []
     for seq, rnd in zip(seqs, rounds):

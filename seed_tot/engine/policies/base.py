@@ -48,6 +48,14 @@ class DraftRound:
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
         raise NotImplementedError
 
+    @classmethod
+    def step_rows(cls, rounds: list["DraftRound"], logits: list[torch.Tensor],
+                  hidden: list[torch.Tensor | None]) -> list[Feed | None]:
+        """`step` for several rounds of this class that shared a draft forward. A class may read what
+        its rounds need from the device once for all of them (one transfer per draft step, not one per
+        row: each is a host sync on a GPU); each row's result must be what its `step` alone gives."""
+        return [r.step(row_logits, row_hidden) for r, row_logits, row_hidden in zip(rounds, logits, hidden)]
+
     def finish(self) -> tuple[DraftTree, dict[int, int]]:
         raise NotImplementedError
 
