@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 DETERMINISTIC = -1  # q_index of a node that was picked, not sampled
+UNREAD = -1  # a token still on the device (DraftTree.device_tokens)
 
 
 @dataclass
@@ -35,6 +36,9 @@ class DraftTree:
         siblings removed (MCSD, Yang et al. 2024); False means each sibling was an independent draw
         from its own draft_probs row (SpecInfer-style multi-draft).
     path_probs[i]  optional: the policy's estimate that node i is accepted (OPT-Tree's p̂)
+    device_tokens  the tokens as a LongTensor on the draft's device while they are not read yet
+                   (`tokens` holds UNREAD until `read_tokens`): a policy's picks stay there so that
+                   neither a draft step nor the target's forward waits for them (policies/fixed.py)
     """
 
     parents: list[int]
@@ -43,6 +47,7 @@ class DraftTree:
     without_replacement: bool = True
     q_index: list[int] | None = None
     path_probs: list[float] | None = field(default=None, compare=False)
+    device_tokens: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -65,6 +70,12 @@ class DraftTree:
             elif p in sampled_seen:
                 raise ValueError(f"draft node {p} has a deterministic child after a sampled one; deterministic "
                                  f"candidates must come first in their sibling group")
+
+    def read_tokens(self, values: list[int] | None = None) -> None:
+        """Fill `tokens` from `device_tokens` (values: them, read already by a shared transfer)."""
+        if self.device_tokens is not None:
+            self.tokens = self.device_tokens.tolist() if values is None else list(values)
+            self.device_tokens = None
 
     @classmethod
     def empty(cls, vocab_size: int) -> "DraftTree":
@@ -91,3 +102,16 @@ class DraftTree:
     def expected_tokens(self) -> float | None:
         """OPT-Tree's E(A): 1 (the target's own token) + the sum of the nodes' acceptance estimates."""
         return None if self.path_probs is None else 1.0 + sum(self.path_probs)
+
+
+def read_tokens(trees: list[DraftTree]) -> None:
+    """Every tree's tokens still on the device, read with one transfer for all of them."""
+    waiting = [tree for tree in trees if tree.device_tokens is not None]
+    if not waiting:
+        return
+    values = torch.cat([tree.device_tokens for tree in waiting]).tolist()
+    at = 0
+    for tree in waiting:
+        n = tree.device_tokens.numel()
+        tree.read_tokens(values[at: at + n])
+        at += n

@@ -27,6 +27,7 @@ from .cache_argument import cache_kwargs
 from .masks import batched_visibility, build_attention_mask, tree_visibility, window_masks
 from .model_runtime import ModelRuntime
 from .row_storage import RowCache
+from .token_rows import host_tokens, packed_ids
 from .target_features import placed_features
 
 
@@ -72,6 +73,7 @@ class KVCache:
             runtime.layout.check_tree_masks("a draft tree")
             return _forward_pooled(runtime, [self], [tokens], [parents],
                                    None if features is None else [features], logits_to_keep, None)[0]
+        tokens = host_tokens(tokens)  # the stock path builds its inputs on the host
         n_old, n = len(self.parents), len(tokens)
         pad = runtime.padded_rows(n) - n
         if pad:  # a chain off the last real entry, dropped below: no real entry attends to it (query_padding.py)
@@ -219,7 +221,7 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
         else:
             packed = query_pos[torch.arange(query_pos.shape[1])[None] < torch.tensor(n_new)[:, None]]  # row-major
     positions = (torch.cat([packed, packed.new_zeros(n_query - n_real)]) if n_query > n_real else packed)[None]
-    input_ids = torch.tensor([[t for row in tokens for t in row] + [0] * (n_query - n_real)])
+    input_ids = packed_ids(tokens, n_query - n_real, device)
     history = max(kv.length for kv in caches)
     placeholder = torch.zeros(1, 1, n_query, 1, dtype=dtype, device=device)  # masks are per row
     mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
@@ -230,7 +232,7 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
                                                    history)
         with row_attention.active_batch(model, batch):
-            out = model(input_ids=input_ids.to(device), position_ids=positions.to(device), attention_mask=mask,
+            out = model(input_ids=input_ids, position_ids=positions.to(device), attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch), **extra)
     if logits_to_keep:
         return [out.logits[0, :logits_to_keep]]
@@ -255,6 +257,7 @@ def _forward_batch_copied(runtime: ModelRuntime, caches: list[KVCache], tokens: 
     counted in copy_s), one forward with a padded 4D mask, then the rows' new entries go to the pool."""
     model, layout, pool = runtime.model, runtime.layout, runtime.pool
     device, dtype = runtime.placement
+    tokens = [host_tokens(row) for row in tokens]  # this path builds its inputs on the host
     for kv in caches:
         kv.cache.bind(pool)
     n_hist = max(kv.length for kv in caches)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from .draft_tree import DraftTree
+from .draft_tree import DraftTree, read_tokens
 from .kv_cache import forward_rows
 from .model_runtime import ModelRuntime
 from .params import SamplingParams
@@ -54,13 +54,16 @@ def extend(runtime: ModelRuntime, kv, tokens: list[int], features: torch.Tensor 
 
 @torch.inference_mode()
 def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
-               params: SamplingParams | None = None) -> list[tuple[DraftTree, dict[int, int]]]:
+               params: SamplingParams | None = None, defer_tokens: bool = False
+               ) -> list[tuple[DraftTree, dict[int, int]]]:
     """One draft round for every (sequence, its call's policy): one draft forward per step of the
     longest round, every row still drafting in it. Each round is its policy's state machine fed its
     own row's logits and drawing from its own sequence's generator, so a row's draft does not depend
     on which rows share its forwards. Each row drafts with its sequence's params (or `params`).
     runtime: the draft model's (None: policies that never feed it, prompt lookup).
-    Returns, per row, the tree and, per tree node fed to the draft model, its draft-cache entry."""
+    Returns, per row, the tree and, per tree node fed to the draft model, its draft-cache entry.
+    Picks a policy left on the device (DraftTree.device_tokens) are read with one transfer for every
+    row at the end, or, with defer_tokens, by the verification's one transfer (accept_rows)."""
     by_policy: dict[int, tuple[DraftPolicy, list[Sequence]]] = {}
     for seq, policy in rows:
         by_policy.setdefault(id(policy), (policy, []))[1].append(seq)
@@ -101,6 +104,8 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
         seq.stats.draft_depth += tree.depth()
         seq.stats.draft_busy_s += busy / len(seqs)
         out.append((tree, node_entry))
+    if not defer_tokens:
+        read_tokens([tree for tree, _ in out])
     return out
 
 
@@ -230,11 +235,15 @@ def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, 
                               params or seq.rule.params, vocab_size, row.hidden, acc)
 
 
-def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple[list[int], list[int], int]:
-    """The target's new entries: the pending tokens as a chain, then the tree hung off the last."""
+def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple["list[int] | torch.Tensor", list[int], int]:
+    """The target's new entries: the pending tokens as a chain, then the tree hung off the last.
+    A tree whose tokens are still on the device is joined to the pending tokens there."""
     pending = seq.pending(seq.target)
     n_p = len(pending)
     parents = _chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents]
+    if tree.device_tokens is not None:
+        picks = tree.device_tokens
+        return torch.cat([torch.tensor(pending, dtype=torch.long, device=picks.device), picks]), parents, n_p
     return pending + tree.tokens, parents, n_p
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_tree import DETERMINISTIC, DraftTree
+from ..draft_tree import DETERMINISTIC, UNREAD, DraftTree
 from ..hidden_capture import HiddenCapture  # noqa: F401  (policies and training import it from here)
 from ..params import SamplingParams
 from ..sampling import process_logits
@@ -31,7 +31,7 @@ from ..sampling import process_logits
 class Feed:
     """Entries to feed the draft model: tokens and their parents as `KVCache.forward` takes them."""
 
-    tokens: list[int]
+    tokens: "list[int] | torch.Tensor"  # a tensor: picks still on the device (token_rows.py)
     parents: list[int]
     keep: int = 0  # only the last `keep` entries' logits are read (0: all); a batched forward may return all
     features: torch.Tensor | None = None  # target hidden states of the first entries (target_features.py)
@@ -149,6 +149,7 @@ class TreeBuilder:
         self.q_rows: list[torch.Tensor] = []
         self.path_probs: list[float] = []
         self.node_entry: dict[int, int] = {}
+        self.device_levels: list[torch.Tensor] = []  # the tokens of nodes added by `add_picked`, in order
         self.next_entry = len(seq.draft.parents) if seq.draft is not None else 0
         self.root_entry = -1
         self.remaining = params.max_new_tokens - len(seq.generated)
@@ -180,17 +181,28 @@ class TreeBuilder:
         self.path_probs.append(path_prob)
         return len(self.tokens) - 1
 
-    def feed_nodes(self, nodes: list[int]) -> Feed:
+    def add_picked(self, parents: list[int], picks: torch.Tensor) -> list[int]:
+        """Picked nodes whose tokens (`picks`, 1-D, one per parent given) stay on the device until
+        the tree is verified: no read waits for the draft forward that chose them."""
+        if len(self.device_levels) == 0 and self.tokens:
+            raise RuntimeError("a tree's tokens are all on the device or all on the host")
+        self.device_levels.append(picks)
+        return [self.add(parent, UNREAD, None) for parent in parents]
+
+    def feed_nodes(self, nodes: list[int], tokens: torch.Tensor | None = None) -> Feed:
+        """Feed `nodes` to the draft model; tokens: theirs on the device (from `add_picked`)."""
         parents = [self.node_entry.get(self.parents[n], self.root_entry) for n in nodes]
         for n in nodes:
             self.node_entry[n] = self.next_entry
             self.next_entry += 1
-        return Feed([self.tokens[n] for n in nodes], parents)
+        return Feed([self.tokens[n] for n in nodes] if tokens is None else tokens, parents)
 
     def tree(self, nodes: list[int] | None = None, with_path_probs: bool = False,
              ordered: bool = False) -> tuple[DraftTree, dict[int, int]]:
         """The tree (optionally only `nodes`, a parent-closed subset, renumbered in order; ordered: in
         the order given, which puts parents first)."""
+        if self.device_levels and nodes is not None:
+            raise RuntimeError("a tree whose tokens are on the device is kept whole")
         keep = list(range(len(self.tokens))) if nodes is None else list(nodes) if ordered else sorted(nodes)
         new = {old: i for i, old in enumerate(keep)}
         rows = sorted({self.q_index[o] for o in keep if self.q_index[o] != DETERMINISTIC})
@@ -200,7 +212,8 @@ class TreeBuilder:
         tree = DraftTree([new[self.parents[o]] if self.parents[o] >= 0 else -1 for o in keep],
                          [self.tokens[o] for o in keep], probs, True,
                          [row_of.get(self.q_index[o], DETERMINISTIC) for o in keep],
-                         [self.path_probs[o] for o in keep] if with_path_probs else None)
+                         [self.path_probs[o] for o in keep] if with_path_probs else None,
+                         torch.cat(self.device_levels) if self.device_levels else None)
         entries = {new[o]: e for o, e in self.node_entry.items() if o in new}
         return tree, entries
 

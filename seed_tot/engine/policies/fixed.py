@@ -44,27 +44,33 @@ class FixedRound(DraftRound):
         return self.b.pending_feed()
 
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None,
-             top: list[list[int]] | None = None) -> Feed | None:
-        """top (greedy, from `step_rows`): each frontier node's top tokens, read already."""
+             top: torch.Tensor | None = None) -> Feed | None:
+        """top (greedy, from `step_rows`): [frontier nodes, >= width] their top tokens, on the device."""
         b, params = self.b, self.b.params
         frontier = self._frontier(logits)
         width = self.k_config[self.depth]
+        if top is not None:  # picked on the device and left there: the next draft forward reads them
+            picks = top[:, :width].reshape(-1)
+            level = b.add_picked([node for node, _ in frontier for _ in range(width)], picks)
+            return self._next(level, picks)
         level = []
-        for j, (node, node_logits) in enumerate(frontier):
+        for node, node_logits in frontier:
             if params.greedy:  # deterministic candidates: the draft's top-`width` tokens
-                picks = (top[j][:width] if top is not None
-                         else torch.topk(node_logits[: b.vocab_size].float(), width).indices.tolist())
+                picks = torch.topk(node_logits[: b.vocab_size].float(), width).indices.tolist()
                 level += [b.add(node, tok, None) for tok in picks]
                 continue
             q = b.q(node_logits)  # `width` draws without replacement from q (what the verifier assumes)
             n = min(width, int((q > 0).sum()))
             picks = multinomial(q, n, b.seq.generator).tolist()
             level += [b.add(node, tok, q) for tok in picks]
+        return self._next(level)
+
+    def _next(self, level: list[int], tokens: torch.Tensor | None = None) -> Feed | None:
         self.depth += 1
         if self.depth == len(self.k_config):
             return None
         self.level = level
-        return b.feed_nodes(level)
+        return self.b.feed_nodes(level, tokens)
 
     def _frontier(self, logits: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(node, the logits after it) for every node whose children this step draws; -1: the root."""
@@ -73,15 +79,17 @@ class FixedRound(DraftRound):
     @classmethod
     def step_rows(cls, rounds: list["FixedRound"], logits: list[torch.Tensor],
                   hidden: list[torch.Tensor | None]) -> list[Feed | None]:
-        """Every greedy row's frontier in one top-k and one transfer (sampled rows draw alone, each
-        from its own generator): a row's picks are still its own logits' top tokens, whatever shares the batch."""
+        """Every greedy row's frontier in one top-k, whose picks stay on the device (the next draft
+        forward takes them as they are; the verification reads them with its one transfer). A row's
+        picks are its own logits' top tokens, whatever shares the batch. Sampled rows draw alone,
+        each from its own generator."""
         greedy = [i for i, r in enumerate(rounds) if r.b.params.greedy]
-        tops: dict[int, list[list[int]]] = {}
-        if len(greedy) > 1:
+        tops: dict[int, torch.Tensor] = {}
+        if greedy:
             vocab = rounds[greedy[0]].b.vocab_size  # one engine's rows: one vocabulary
             frontiers = [[node_logits[:vocab] for _, node_logits in rounds[i]._frontier(logits[i])] for i in greedy]
             width = max(rounds[i].k_config[rounds[i].depth] for i in greedy)
-            picked = torch.topk(torch.stack([x for f in frontiers for x in f]).float(), width).indices.tolist()
+            picked = torch.topk(torch.stack([x for f in frontiers for x in f]).float(), width).indices
             at = 0
             for i, f in zip(greedy, frontiers):
                 tops[i], at = picked[at: at + len(f)], at + len(f)

@@ -1,0 +1,103 @@
+"""Greedy draft picks stay on the device: a draft round reads none of them back before its next draft
+forward (each read would make the host wait for the device), the forwards take rows of device tokens
+as they take host lists (packed, fixed-shape and stock paths alike), and the tokens read once, at the
+end, are the ones the policy picks alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import noisy_copy, tiny_model
+from seed_tot.engine import speculative
+from seed_tot.engine.draft_tree import UNREAD, read_tokens
+from seed_tot.engine.graphed_forward import Buckets
+from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.model_runtime import ModelRuntime
+from seed_tot.engine.params import SamplingParams
+from seed_tot.engine.policies import FixedPolicy
+from seed_tot.engine.sequence import Sequence, StopRule
+from test_attention_types import build
+
+PROMPTS = [[4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return noisy_copy(tiny_model("qwen2", seed=7), 0.005)
+
+
+def _rows(k_configs, temperature: float = 0.0):
+    rule = StopRule(SamplingParams(max_new_tokens=16, temperature=temperature), frozenset(), None)
+    return [(Sequence(b, list(p), rule, torch.Generator().manual_seed(b), draft=KVCache()), FixedPolicy(k))
+            for b, (p, k) in enumerate(zip(PROMPTS, k_configs))]
+
+
+class _CountReads:
+    """Counts Tensor.tolist / Tensor.item calls (each a wait for the device on a GPU)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        for name in ("tolist", "item"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(real))
+
+    def _counted(self, real):
+        def read(tensor, *args, **kwargs):
+            self.n += 1
+            return real(tensor, *args, **kwargs)
+        return read
+
+
+@pytest.mark.parametrize("k_configs", [[(1, 1, 1)] * 4, [(2, 2, 1), (1, 1, 1), (3, 1), (2, 2, 1)]])
+def test_a_greedy_draft_round_reads_nothing_back_and_its_picks_are_the_policys_own(draft, k_configs, monkeypatch):
+    runtime = ModelRuntime(draft)
+    vocab = draft.config.vocab_size
+    host = [tree for tree, _ in speculative.draft_rows(runtime, _rows(k_configs), vocab)]
+    reads = _CountReads(monkeypatch)
+    deferred = [tree for tree, _ in speculative.draft_rows(runtime, _rows(k_configs), vocab, defer_tokens=True)]
+    assert reads.n == 0
+    assert all(tree.device_tokens is not None and set(tree.tokens) == {UNREAD} for tree in deferred)
+    read_tokens(deferred)
+    assert reads.n == 1  # every row's picks in one transfer
+    assert [(t.tokens, t.parents) for t in deferred] == [(t.tokens, t.parents) for t in host]
+    alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in _rows(k_configs)]
+    assert [t.tokens for t in alone] == [t.tokens for t in host]
+
+
+def test_sampled_rows_keep_drawing_on_the_host_from_their_own_generators(draft):
+    runtime = ModelRuntime(draft)
+    trees = [tree for tree, _ in speculative.draft_rows(runtime, _rows([(2, 1)] * 4, 1.0),
+                                                        draft.config.vocab_size, defer_tokens=True)]
+    assert all(tree.device_tokens is None and UNREAD not in tree.tokens for tree in trees)
+
+
+def _prefilled(runtime, prompts):
+    caches = []
+    for prompt in prompts:
+        kv = KVCache()
+        kv.forward(runtime, prompt, list(range(-1, len(prompt) - 1)))
+        kv.commit(list(range(len(prompt))))
+        caches.append(kv)
+    return caches
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "falcon-mqa"])
+@pytest.mark.parametrize("fixed", [False, True])
+@torch.inference_mode()
+def test_rows_of_device_tokens_score_as_host_lists_do(arch, fixed):
+    if fixed and arch == "falcon-mqa":
+        pytest.skip("the copying fallback has no fixed shapes")
+    model = build(arch) if arch != "llama" else tiny_model("llama", seed=3)
+    runtime = ModelRuntime(model)
+    prompts = [[3, 5, 7, 9], [4, 6], [1, 2, 3, 4, 5, 6]]
+    tokens = [[10, 11, 12], [13], [14, 15]]
+    parents = [[-1, 0, 0], [-1], [-1, 0]]
+    shapes = Buckets() if fixed else False
+    want = forward_batch(runtime, _prefilled(runtime, prompts), tokens, parents, fixed_shapes=shapes)
+    mixed = [tokens[0], torch.tensor(tokens[1]), torch.tensor(tokens[2])]  # host and device rows together
+    got = forward_batch(runtime, _prefilled(runtime, prompts), mixed, parents, fixed_shapes=shapes)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    alone = _prefilled(runtime, prompts[:1])[0]
+    torch.testing.assert_close(alone.forward(runtime, torch.tensor(tokens[0]), parents[0]), want[0],
+                               rtol=1e-5, atol=1e-5)
