@@ -131,14 +131,15 @@ def test_a_failing_sequence_ends_only_its_own_call(setup, monkeypatch):
     verified in the same forwards, finish exactly as they would alone, and nothing hangs."""
     target, draft = setup
     engine = Engine(target, draft)
-    real = speculative._accept_and_commit
+    real = speculative.accept_row
 
-    def fail_for_prompt_90(seq, *args):
+    def fail_for_prompt_90(job, *args):
+        seq = job[0]
         if seq.prompt == [90, 89] and len(seq.generated) >= 3:
             raise RuntimeError("injected fault")
-        return real(seq, *args)
+        return real(job, *args)
 
-    monkeypatch.setattr(speculative, "_accept_and_commit", fail_for_prompt_90)
+    monkeypatch.setattr(speculative, "accept_row", fail_for_prompt_90)
     greedy = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
     good_prompts = [[4, 4, 2], [5, 6]]
     refs = [reference_greedy(target, p, MAX_NEW) for p in good_prompts]

@@ -4,9 +4,9 @@
                   (engine/policies; the `fixed` policy: k_config[d] children per node at depth d+1):
                   one draft forward per step, every row still drafting in it
     score_rows    the target scores every row's pending tokens + tree in one forward
-    accept_rows   every greedy row and every sampled chain decided on the device at once, one
-                  transfer back (verify.py); a branching sampled tree walked on the host
-                  (accept_tokens); both caches keep only the accepted path
+    accept_rows   every row (greedy, sampled chain or sampled tree that branches) decided on the
+                  device at once, one transfer back (verify.decide_on_device); both caches keep only
+                  the accepted path
 AR is a round with an empty tree; SD a chain k_config; MCSD a wider tree; SEED's scheduler (seed.py)
 runs these rounds for every active row of every call, a batch of one being a batch.
 """
@@ -28,7 +28,7 @@ from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
 from .target_features import TargetHidden
-from .verify import Acceptance, accept_tokens, chain_uniforms, decide_on_device, is_chain
+from .verify import Acceptance, decide_on_device, is_chain, row_uniforms
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ def accept_rows(jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], scored: 
                 params: SamplingParams | None = None) -> list[Acceptance | Exception]:
     """Accept and commit every job of one verification (each with its sequence's params, or `params`);
     per job its Acceptance or the exception that ended it, a failure confined to its own row.
-    The device decides every greedy row and every sampled chain together, and one transfer brings the
-    decisions back (verify.decide_on_device); a sampled tree that branches is walked on the host."""
+    The device decides every row together, and one transfer brings the decisions back
+    (verify.decide_on_device)."""
     decisions = _decide(jobs, scored, vocab_size, params)
     outcomes: list[Acceptance | Exception] = []
     for job, row, decision in zip(jobs, scored, decisions):
@@ -168,32 +168,31 @@ def accept_rows(jobs: list[tuple[Sequence, DraftTree, dict[int, int]]], scored: 
             outcomes.append(decision)
             continue
         try:
-            outcomes.append(accept_row(job, row, params, vocab_size, decision))
+            outcomes.append(accept_row(job, row, decision))
         except Exception as err:
             outcomes.append(err)
     return outcomes
 
 
 def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingParams | None) -> list:
-    """Per job: the device's Acceptance, the exception deciding it raised, or None (a branching
-    sampled tree, walked when it commits)."""
+    """Per job: the device's Acceptance, or the exception deciding it raised."""
     rules = [params or seq.rule.params for seq, _, _ in jobs]
     greedy = [b for b, rule in enumerate(rules) if rule.greedy]
-    # grouped by params, so that each group's p is one process_logits call
-    chains = sorted((b for b, (_, tree, _) in enumerate(jobs) if not rules[b].greedy and is_chain(tree)),
-                    key=lambda b: _params_key(rules[b]))
+    # chains first, then branching trees (each kind one consecutive block of decide_on_device's
+    # rows), each grouped by params, so that each group's p is one process_logits call
+    sampled = sorted((b for b in range(len(jobs)) if not rules[b].greedy),
+                     key=lambda b: (not is_chain(jobs[b][1]), _params_key(rules[b])))
     # drawn once, before anything can fail: a row decided again alone below reuses its own draws
-    uniforms = {b: chain_uniforms(jobs[b][1], jobs[b][0].generator) for b in chains}
+    uniforms = {b: row_uniforms(jobs[b][1], jobs[b][0].generator) for b in sampled}
     out: list = [None] * len(jobs)
     try:
-        _decide_together(jobs, scored, rules, vocab_size, greedy, chains, uniforms, out)
+        _decide_together(jobs, scored, rules, vocab_size, greedy, sampled, uniforms, out)
     except Exception as err:
-        if len(greedy) + len(chains) == 1:
-            out[(greedy + chains)[0]] = err
+        if len(jobs) == 1:
+            out[0] = err
             return out
-        log.warning("deciding %d rows together failed (%r); deciding them one by one",
-                                            len(greedy) + len(chains), err)
-        for b in greedy + chains:
+        log.warning("deciding %d rows together failed (%r); deciding them one by one", len(jobs), err)
+        for b in greedy + sampled:
             try:
                 _decide_together(jobs, scored, rules, vocab_size, [b] if b in greedy else [],
                                  [b] if b in uniforms else [], uniforms, out)
@@ -203,21 +202,21 @@ def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingPara
 
 
 def _decide_together(jobs, scored: list[ScoredRow], rules: list[SamplingParams], vocab_size: int,
-                     greedy: list[int], chains: list[int], uniforms: dict[int, list[float]], out: list) -> None:
+                     greedy: list[int], sampled: list[int], uniforms: dict[int, list[float]], out: list) -> None:
     greedy_rows = [(jobs[b][1], scored[b].logits[scored[b].n_pending - 1:, :vocab_size]) for b in greedy]
     probs = None
-    if chains:
-        # p after each chain row's root and after each of its nodes, padded to the longest chain
+    if sampled:
+        # p after each sampled row's root and after each of its nodes, padded to the largest tree
         logits = pad_sequence([scored[b].logits[scored[b].n_pending - 1: scored[b].n_pending + len(jobs[b][1])]
-                               for b in chains], batch_first=True)
+                               for b in sampled], batch_first=True)
         groups, first = [], 0
-        for end in range(1, len(chains) + 1):
-            if end == len(chains) or _params_key(rules[chains[end]]) != _params_key(rules[chains[first]]):
-                groups.append(process_logits(logits[first:end], rules[chains[first]], vocab_size))
+        for end in range(1, len(sampled) + 1):
+            if end == len(sampled) or _params_key(rules[sampled[end]]) != _params_key(rules[sampled[first]]):
+                groups.append(process_logits(logits[first:end], rules[sampled[first]], vocab_size))
                 first = end
         probs = torch.cat(groups) if len(groups) > 1 else groups[0]
-    decided = decide_on_device(greedy_rows, [jobs[b][1] for b in chains], probs, [uniforms[b] for b in chains])
-    for b, acc in zip(greedy + chains, decided):
+    decided = decide_on_device(greedy_rows, [jobs[b][1] for b in sampled], probs, [uniforms[b] for b in sampled])
+    for b, acc in zip(greedy + sampled, decided):
         out[b] = acc
 
 
@@ -227,12 +226,24 @@ def _params_key(params: SamplingParams) -> tuple:
 
 
 @torch.inference_mode()
-def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, params: SamplingParams | None,
-               vocab_size: int, acc: Acceptance | None = None) -> Acceptance:
-    """Commit one job: `acc` as decided (accept_rows), or, without it, as the host walk decides."""
+def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, acc: Acceptance) -> Acceptance:
+    """Commit one job as `acc` (accept_rows' decision) says. The row's share of the target forward's
+    busy seconds is 1/row.rows (the forward verified row.rows sequences)."""
     seq, tree, node_entry = job
-    return _accept_and_commit(seq, tree, node_entry, row.logits, row.n_pending, row.busy_s, row.rows,
-                              params or seq.rule.params, vocab_size, row.hidden, acc)
+    n_p, hidden = row.n_pending, row.hidden
+    kept = list(range(n_p)) + [n_p + i for i in acc.path]
+    if seq.features is not None and hidden is not None:  # f of every committed entry, by position
+        # a chain keeps a prefix: a slice, where indexing by a list would copy the list to the device
+        seq.features.put(seq.target.committed, hidden[: len(kept)] if _is_prefix(kept) else hidden[kept])
+    seq.target.commit(kept)
+    seq.stats.verifications += 1
+    seq.stats.target_forwards += 1 / row.rows
+    seq.stats.target_query_tokens += n_p + len(tree)
+    seq.stats.target_busy_s += row.busy_s / row.rows
+    seq.stats.accepted += len(acc.path)
+    commit_draft(seq, acc, node_entry)
+    seq.append(acc.tokens)
+    return acc
 
 
 def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple["list[int] | torch.Tensor", list[int], int]:
@@ -245,28 +256,6 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple["list[int] | torch.T
         picks = tree.device_tokens
         return torch.cat([torch.tensor(pending, dtype=torch.long, device=picks.device), picks]), parents, n_p
     return pending + tree.tokens, parents, n_p
-
-
-def _accept_and_commit(seq: Sequence, tree: DraftTree, node_entry: dict[int, int] | None, logits: torch.Tensor,
-                       n_p: int, busy: float, rows: int, params: SamplingParams, vocab_size: int,
-                       hidden: torch.Tensor | None = None, acc: Acceptance | None = None) -> Acceptance:
-    """`busy` seconds of one target forward that verified `rows` sequences: this row's share is 1/rows."""
-    if acc is None:  # not decided on the device (a branching sampled tree): the host walk
-        target_probs = process_logits(logits[n_p - 1:], params, vocab_size)  # row 0: after the root
-        acc = accept_tokens(tree, target_probs, params.greedy, seq.generator)
-    kept = list(range(n_p)) + [n_p + i for i in acc.path]
-    if seq.features is not None and hidden is not None:  # f of every committed entry, by position
-        # a chain keeps a prefix: a slice, where indexing by a list would copy the list to the device
-        seq.features.put(seq.target.committed, hidden[: len(kept)] if _is_prefix(kept) else hidden[kept])
-    seq.target.commit(kept)
-    seq.stats.verifications += 1
-    seq.stats.target_forwards += 1 / rows
-    seq.stats.target_query_tokens += n_p + len(tree)
-    seq.stats.target_busy_s += busy / rows
-    seq.stats.accepted += len(acc.path)
-    commit_draft(seq, acc, node_entry)
-    seq.append(acc.tokens)
-    return acc
 
 
 def _is_prefix(entries: list[int]) -> bool:

@@ -19,9 +19,10 @@ they leave. That is exact because the ratio rule is exact against any current di
 emits x with probability r(x) overall), and the residual is what the target's p is, given that the
 deterministic candidates were rejected.
 Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
-Greedy rows and sampled chains are decided on the device instead, every row of a verification in
-one computation with one transfer of the decisions (`decide_on_device`, below); the walk serves
-sampled trees that branch.
+Every row of a verification is decided on the device, all rows together with one transfer of the
+decisions (`decide_on_device`, below): greedy rows by their argmaxes, sampled chains in one
+vectorised ratio test, sampled trees that branch by this walk vectorised over rows
+(tree_decision.py). The host walk `accept_tokens` stays the reference statement of the rule.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 
 from .draft_tree import DraftTree
 from .sampling import sample
+from .tree_decision import host_rows_to, inverse_cdf, tree_decisions
 
 
 @dataclass
@@ -130,18 +132,20 @@ def _try_deterministic(tree: DraftTree, kids: list[int], p: torch.Tensor,
     return None, residual
 
 
-# Chains, decided on the device. A sampled row whose draft is a chain (one child per node: sd, seed
-# with a chain k_config, auto and specdec chains, lookup chains, and the empty tree of a plain decode
-# step) needs no walk: the ratio test at every depth is one vectorised comparison and the first
-# failure ends the round, so every such row of a verification is decided in one computation on the
-# logits' device, and one transfer brings the decisions back (with the greedy rows' argmaxes). Trees
-# that branch (mcsd, k_config like (2, 2, 1), opt-tree) keep the host walk `accept_tokens` above: a
-# rejected sibling's residual is the next sibling's target, a dependency this batch does not model.
+# Sampled rows, decided on the device. Every sampled row of a verification is decided in one
+# computation on the logits' device, and one transfer brings the decisions back (with the greedy
+# rows' argmaxes). A chain (one child per node: sd, seed with a chain k_config, auto and specdec
+# chains, lookup chains, and the empty tree of a plain decode step) needs no walk: the ratio test at
+# every depth is one vectorised comparison and the first failure ends the round (`_chain_decisions`).
+# A tree that branches (mcsd, k_config like (2, 2, 1), opt-tree) runs the walk above vectorised over
+# rows, a loop over depths and sibling slots with every row's node a device index (tree_decision.py):
+# a rejected sibling's residual is the next sibling's target, so siblings are tried in turn.
 #
-# Randomness: a chain row draws exactly len(chain) + 1 float32 uniforms from its own generator per
-# verification, in one torch.rand call (`chain_uniforms`): u[i] tests draft node i, u[len(chain)]
-# draws the extra token by inverse CDF, whatever the outcome. The draws depend on nothing but the
-# row, so a row's tokens are the same verified alone or beside any other rows.
+# Randomness: a sampled row of n draft nodes draws exactly n + 1 float32 uniforms from its own
+# generator per verification, in one torch.rand call (`row_uniforms`): u[i] tests draft node i (each
+# node is tested at most once), u[n] draws the round's last token by inverse CDF, whatever the
+# outcome. The draws depend on nothing but the row, so a row's tokens are the same verified alone or
+# beside any other rows.
 
 
 def is_chain(tree: DraftTree) -> bool:
@@ -149,38 +153,49 @@ def is_chain(tree: DraftTree) -> bool:
     return all(parent == i - 1 for i, parent in enumerate(tree.parents))
 
 
-def chain_uniforms(tree: DraftTree, generator: torch.Generator | None) -> list[float]:
-    """The randomness one verification of a chain consumes: len(tree) + 1 uniforms in [0, 1)."""
+def row_uniforms(tree: DraftTree, generator: torch.Generator | None) -> list[float]:
+    """The randomness one verification of a sampled row consumes: len(tree) + 1 uniforms in [0, 1)."""
     return torch.rand(len(tree) + 1, generator=generator).tolist()
 
 
 def decide_alone(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
                  generator: torch.Generator | None) -> Acceptance:
     """One row decided exactly as a verification decides it among other rows (speculative.accept_rows):
-    a sampled chain by `accept_chains` with its own uniforms, anything else by the walk. For callers
+    a sampled row by `accept_sampled` with its own uniforms, a greedy one by its argmaxes. For callers
     that verify one row outside the scheduler (PipeDec's stages), so that they draw, for a seed, the
     tokens the scheduler's modes draw."""
-    if not greedy and is_chain(tree):
-        return accept_chains([tree], target_probs[None], [chain_uniforms(tree, generator)])[0]
-    return accept_tokens(tree, target_probs, greedy, generator)
+    if greedy:
+        return accept_tokens(tree, target_probs, greedy, generator)
+    return accept_sampled([tree], target_probs[None], [row_uniforms(tree, generator)])[0]
 
 
-def accept_chains(trees: list[DraftTree], target_probs: torch.Tensor, uniforms: list[list[float]]) -> list[Acceptance]:
-    """Sampled chains, decided together: target_probs[b, 0] is row b's p after its root, [b, i + 1]
-    after its node i (float32, padded to the longest chain); uniforms[b] from `chain_uniforms`."""
+def accept_sampled(trees: list[DraftTree], target_probs: torch.Tensor, uniforms: list[list[float]]) -> list[Acceptance]:
+    """Sampled rows (chains and branching trees), decided together: target_probs[b, 0] is row b's p
+    after its root, [b, i + 1] after its node i (float32, padded to the largest tree); uniforms[b]
+    from `row_uniforms`."""
     return decide_on_device([], trees, target_probs, uniforms)
 
 
-def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], chains: list[DraftTree],
-                     chain_probs: torch.Tensor | None, uniforms: list[list[float]]) -> list[Acceptance]:
-    """Every row the device can decide, with one device-to-host transfer: greedy rows (their tree and
-    the target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
-    chains as `accept_chains`. Returns the greedy rows' acceptances, then the chains'."""
+def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list[DraftTree],
+                     sampled_probs: torch.Tensor | None, uniforms: list[list[float]]) -> list[Acceptance]:
+    """Every row of a verification, with one device-to-host transfer: greedy rows (their tree and the
+    target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
+    rows as `accept_sampled`. Returns the greedy rows' acceptances, then the sampled rows'."""
+    chains = [b for b, tree in enumerate(sampled) if is_chain(tree)]
+    branching = [b for b, tree in enumerate(sampled) if not is_chain(tree)]
     parts = []
     if greedy:
         parts.append(torch.cat([logits for _, logits in greedy]).argmax(-1))
     if chains:
-        parts.append(_chain_decisions(chains, chain_probs, uniforms).flatten())
+        width = max(len(sampled[b]) for b in chains) + 1
+        parts.append(_chain_decisions([sampled[b] for b in chains], _rows(sampled_probs, chains, width),
+                                      [uniforms[b] for b in chains]).flatten())
+    if branching:
+        width = max(len(sampled[b]) for b in branching) + 1
+        tree_part = tree_decisions([sampled[b] for b in branching], _rows(sampled_probs, branching, width),
+                                   [uniforms[b] for b in branching])
+        depth = tree_part.shape[1] - 1
+        parts.append(tree_part.flatten())
     if not parts:
         return []
     decided = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
@@ -189,11 +204,28 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], chains: list[
         n = logits.shape[0]
         out.append(accept_greedy(tree, decided[at: at + n]))
         at += n
-    for tree in chains:
+    by_row: dict[int, Acceptance] = {}
+    for b in chains:
+        tree = sampled[b]
         n, token = decided[at], decided[at + 1]
         at += 2
-        out.append(Acceptance(list(range(n)), tree.tokens[:n] + [token], n < len(tree)))
-    return out
+        by_row[b] = Acceptance(list(range(n)), tree.tokens[:n] + [token], n < len(tree))
+    for b in branching:
+        tree = sampled[b]
+        path = [node for node in decided[at: at + depth] if node >= 0]
+        token = decided[at + depth]
+        at += depth + 1
+        last = path[-1] if path else -1
+        by_row[b] = Acceptance(path, [tree.tokens[i] for i in path] + [token], last in tree.parents)
+    return out + [by_row[b] for b in range(len(sampled))]
+
+
+def _rows(probs: torch.Tensor, rows: list[int], width: int) -> torch.Tensor:
+    """probs' rows `rows`, cut to `width` entries: a view where they are consecutive (without an
+    index tensor to copy to the device), else one copy."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return probs[rows[0]: rows[0] + len(rows), :width]
+    return torch.cat([probs[b: b + 1, :width] for b in rows])
 
 
 def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[float]]) -> torch.Tensor:
@@ -209,10 +241,7 @@ def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[lis
         n, pad = len(tree), k - len(tree)
         packed.append(u[:n] + [1.0] * pad + [u[n]] + tree.tokens + [-1.0] * pad
                       + [float(tree.deterministic(i)) for i in range(n)] + [0.0] * pad)
-    host = torch.tensor(packed, dtype=torch.float32)
-    if p.device.type == "cuda":  # a pageable blocking copy would wait for the whole stream
-        host = host.pin_memory()
-    packed_t = host.to(p.device, non_blocking=True)
+    packed_t = host_rows_to(packed, p.device)
     u, u_extra = packed_t[:, :k], packed_t[:, k]
     tokens = packed_t[:, k + 1: 2 * k + 1].long()
     picked = packed_t[:, 2 * k + 1:] > 0
@@ -238,10 +267,4 @@ def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[lis
     else:  # every row a plain decode step
         n_acc = n_draft
         dist = p[:, 0]
-    # inverse CDF, unnormalised: the first token whose cumulative mass exceeds u * total has mass > 0;
-    # `last` (the last token with mass) guards against u * total rounding up to the total
-    cdf = dist.cumsum(-1)
-    total = cdf[:, -1:]
-    last = (cdf < total).sum(-1, keepdim=True)
-    token = torch.minimum(torch.searchsorted(cdf, u_extra[:, None] * total, right=True), last)[:, 0]
-    return torch.stack([n_acc, token], -1)
+    return torch.stack([n_acc, inverse_cdf(dist, u_extra)], -1)
