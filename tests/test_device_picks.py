@@ -4,10 +4,14 @@ as they take host lists (packed, fixed-shape and stock paths alike), and the tok
 end, are the ones the policy picks alone."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
 from conftest import noisy_copy, tiny_model
+from seed_tot import Engine
+from seed_tot.engine import seed as seed_module
 from seed_tot.engine import speculative
 from seed_tot.engine.draft_tree import UNREAD, read_tokens
 from seed_tot.engine.graphed_forward import Buckets
@@ -17,6 +21,7 @@ from seed_tot.engine.params import SamplingParams
 from seed_tot.engine.policies import FixedPolicy
 from seed_tot.engine.sequence import Sequence, StopRule
 from test_attention_types import build
+from test_chain_acceptance import _on_device_marker
 
 PROMPTS = [[4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
 
@@ -101,3 +106,41 @@ def test_rows_of_device_tokens_score_as_host_lists_do(arch, fixed):
     alone = _prefilled(runtime, prompts[:1])[0]
     torch.testing.assert_close(alone.forward(runtime, torch.tensor(tokens[0]), parents[0]), want[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_greedy_seed_step_reads_the_device_once_its_verification_and_never_while_drafting(monkeypatch):
+    """Everything computed from a forward's logits is marked (test_chain_acceptance's counter); a
+    greedy SEED step reads marked data only in its verification's one transfer, which also brings the
+    round's picks: the draft forwards and the target's forward never wait for the device."""
+    target = tiny_model("qwen2", seed=7)
+    engine = Engine(target, noisy_copy(target, 0.005))
+    reads = [0]
+    on_device = _on_device_marker(reads)
+    real_forward_rows = speculative.forward_rows
+    draft_reads, score_reads, accept_reads = [], [], []
+
+    def marked_forward_rows(*args, **kwargs):
+        return [logits.as_subclass(on_device) for logits in real_forward_rows(*args, **kwargs)]
+
+    def counted(real, into):
+        def run(*args, **kwargs):
+            before = reads[0]
+            out = real(*args, **kwargs)
+            into.append(reads[0] - before)
+            return out
+        return run
+
+    monkeypatch.setattr(speculative, "forward_rows", marked_forward_rows)
+    for name, into in (("draft_rows", draft_reads), ("score_rows", score_reads), ("accept_rows", accept_reads)):
+        monkeypatch.setattr(seed_module, name, counted(getattr(seed_module, name), into))
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+
+    async def run():
+        return await asyncio.gather(*(engine.agenerate(PROMPTS, params, mode="seed", k_config=k, draft_batch=None,
+                                                       verify_batch=None) for k in [(1, 1, 1), (2, 2, 1)]))
+    results = asyncio.run(run())
+    reference = engine.generate(PROMPTS, params, mode="ar")
+    assert [r.token_ids for r in results[0]] == [r.token_ids for r in results[1]] == [r.token_ids for r in reference]
+    assert draft_reads and set(draft_reads) == {0}
+    assert score_reads and set(score_reads) == {0}  # the target's forward takes the picks as they are
+    assert accept_reads and set(accept_reads) == {1}

@@ -96,10 +96,10 @@ def test_a_failing_draft_worker_surfaces_as_an_error_naming_it(setup, monkeypatc
     target, draft = setup
     real = seed_module.draft_rows
 
-    def flaky(model, rows, *args):
+    def flaky(model, rows, *args, **kwargs):
         if any(seq.index == 2 and len(seq.generated) > 3 for seq, _ in rows):
             raise RuntimeError("injected fault")
-        return real(model, rows, *args)
+        return real(model, rows, *args, **kwargs)
 
     monkeypatch.setattr(seed_module, "draft_rows", flaky)
     engine = Engine(target, draft)

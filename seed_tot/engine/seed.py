@@ -301,8 +301,9 @@ class SeedScheduler:
                 continue
             starts = [call.now() for _, call in batch]
             try:
+                # picks left on the device are read by the verification's one transfer (verify.py)
                 drafts = draft_rows(self.engine.draft_runtime, [(seq, call.policy) for seq, call in batch],
-                                    self.engine.vocab_size)
+                                    self.engine.vocab_size, defer_tokens=True)
             except Exception as err:  # each affected call raises it, naming its sequence
                 for seq, call in batch:
                     self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {err!r}"), err)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_tree import DraftTree
+from .draft_tree import DraftTree, read_tokens
 from .sampling import sample
 from .tree_decision import host_rows_to, inverse_cdf, tree_decisions
 
@@ -181,9 +181,14 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list
     """Every row of a verification, with one device-to-host transfer: greedy rows (their tree and the
     target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
     rows as `accept_sampled`. Returns the greedy rows' acceptances, then the sampled rows'."""
+    read_tokens([tree for tree in sampled if tree.device_tokens is not None])  # none today: policies draw on the host
     chains = [b for b, tree in enumerate(sampled) if is_chain(tree)]
     branching = [b for b, tree in enumerate(sampled) if not is_chain(tree)]
+    # greedy picks still on the draft's device come back in the same transfer, read first
+    waiting = [tree for tree, _ in greedy if tree.device_tokens is not None]
     parts = []
+    if waiting:
+        parts.append(torch.cat([tree.device_tokens for tree in waiting]).to(greedy[0][1].device))
     if greedy:
         parts.append(torch.cat([logits for _, logits in greedy]).argmax(-1))
     if chains:
@@ -200,6 +205,10 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list
         return []
     decided = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
     out, at = [], 0
+    for tree in waiting:
+        n = len(tree)
+        tree.read_tokens(decided[at: at + n])
+        at += n
     for tree, logits in greedy:
         n = logits.shape[0]
         out.append(accept_greedy(tree, decided[at: at + n]))
