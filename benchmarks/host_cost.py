@@ -13,7 +13,8 @@ thread (forward_thread.py says why), transformers' too, with `--threads` intra-o
 forward is roughly proportional to it, so a count that grows with rows is host cost that grows with rows.
 
 Run it alone on the machine (other work on the cores changes every figure):
-    python benchmarks/host_cost.py --rows 1,27 --repeats 3 --modes parallel,seed --json host_cost.json
+    python benchmarks/host_cost.py --rows 1,27 --repeats 11 --new-tokens 64 --modes parallel,seed --json host_cost.json
+(fewer repeats or tokens cannot resolve 10% on a busy 2-core machine)
 """
 from __future__ import annotations
 
