@@ -60,9 +60,10 @@ class KVCache:
             raise ValueError(f"fork of {length} entries from a cache of {self.committed}")
         return KVCache(self.cache.fork(length), length)
 
-    def forward(self, runtime: ModelRuntime, tokens: list[int], parents: list[int], logits_to_keep: int = 0,
-                features: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, runtime: ModelRuntime, tokens: "list[int] | torch.Tensor", parents: list[int],
+                logits_to_keep: int = 0, features: torch.Tensor | None = None) -> torch.Tensor:
         """Score new entries through `runtime` (always the same one: the cache lives in its pool);
+        tokens: a host list or a 1-D tensor on the device (token_rows.py);
         parents index the uncommitted entries (old then new), -1 = prefix.
         Returns the logits [len(tokens), V] of the new entries, or of the last `logits_to_keep` of
         them (a prefill needs none of its prompt's logits: the LM head is a fifth of a small model).
@@ -129,12 +130,13 @@ def _feature_inputs(model, features: list[torch.Tensor | None] | None, shape: tu
     return {"target_features": placed_features(features, shape, slots, model.feature_size, model.dtype, model.device)}
 
 
-def forward_batch(runtime: ModelRuntime, caches: list[KVCache], tokens: list[list[int]], parents: list[list[int]],
+def forward_batch(runtime: ModelRuntime, caches: list[KVCache], tokens: list, parents: list[list[int]],
                   what: str = "batched verification (verify_batch > 1)",
                   features: list[torch.Tensor | None] | None = None, logits_to_keep: int = 0,
                   fixed_shapes: "bool | graphed_forward.Buckets | None" = None) -> list[torch.Tensor]:
     """`KVCache.forward` for several sequences in ONE forward (batched drafting and verification).
 
+    tokens[b]: row b's new tokens, a host list or a 1-D tensor on the device (token_rows.py).
     parents[b] indexes row b's uncommitted entries (old then new), -1 = its prefix, as in
     `KVCache.forward`. The rows' new entries are packed into one sequence (no padding between rows);
     nothing but a row's own entries ever reaches its slots. Every row attends exactly to what it would
