@@ -21,6 +21,7 @@ from seed_tot.engine.params import SamplingParams
 from seed_tot.engine.policies import FixedPolicy
 from seed_tot.engine.sequence import Sequence, StopRule
 from test_attention_types import build
+from test_kv_layout import prefill
 from test_chain_acceptance import _on_device_marker
 
 PROMPTS = [[4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
@@ -76,16 +77,6 @@ def test_sampled_rows_keep_drawing_on_the_host_from_their_own_generators(draft):
     assert all(tree.device_tokens is None and UNREAD not in tree.tokens for tree in trees)
 
 
-def _prefilled(runtime, prompts):
-    caches = []
-    for prompt in prompts:
-        kv = KVCache()
-        kv.forward(runtime, prompt, list(range(-1, len(prompt) - 1)))
-        kv.commit(list(range(len(prompt))))
-        caches.append(kv)
-    return caches
-
-
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "falcon-mqa"])
 @pytest.mark.parametrize("fixed", [False, True])
 @torch.inference_mode()
@@ -98,12 +89,12 @@ def test_rows_of_device_tokens_score_as_host_lists_do(arch, fixed):
     tokens = [[10, 11, 12], [13], [14, 15]]
     parents = [[-1, 0, 0], [-1], [-1, 0]]
     shapes = Buckets() if fixed else False
-    want = forward_batch(runtime, _prefilled(runtime, prompts), tokens, parents, fixed_shapes=shapes)
+    want = forward_batch(runtime, [prefill(runtime, p) for p in prompts], tokens, parents, fixed_shapes=shapes)
     mixed = [tokens[0], torch.tensor(tokens[1]), torch.tensor(tokens[2])]  # host and device rows together
-    got = forward_batch(runtime, _prefilled(runtime, prompts), mixed, parents, fixed_shapes=shapes)
+    got = forward_batch(runtime, [prefill(runtime, p) for p in prompts], mixed, parents, fixed_shapes=shapes)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
-    alone = _prefilled(runtime, prompts[:1])[0]
+    alone = prefill(runtime, prompts[0])
     torch.testing.assert_close(alone.forward(runtime, torch.tensor(tokens[0]), parents[0]), want[0],
                                rtol=1e-5, atol=1e-5)
 

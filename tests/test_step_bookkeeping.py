@@ -10,6 +10,7 @@ from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.model_runtime import ModelRuntime
 from seed_tot.engine.params import SamplingParams
 from seed_tot.engine.sequence import Sequence, StopRule
+from test_kv_layout import prefill
 
 
 def _sequence(prompt: list[int], generated: list[int]) -> Sequence:
@@ -36,22 +37,12 @@ def test_placement_follows_the_model_when_it_is_cast():
     assert runtime.placement[1] is torch.float32
 
 
-def _rows(runtime: ModelRuntime, prompts: list[list[int]]) -> list[KVCache]:
-    caches = []
-    for prompt in prompts:
-        kv = KVCache()
-        kv.forward(runtime, prompt, list(range(-1, len(prompt) - 1)))
-        kv.commit(list(range(len(prompt))))
-        caches.append(kv)
-    return caches
-
-
 @torch.inference_mode()
 def test_a_maskless_decode_step_of_equal_rows_equals_the_model_on_the_whole_sequence():
     model = tiny_model()
     runtime = ModelRuntime(model)
     prompts = [[3, 5, 7, 9, 11], [4, 6, 8, 10, 12], [13, 1, 2, 3, 4]]  # one length: the step needs no mask
-    caches, sequences = _rows(runtime, prompts), [list(p) for p in prompts]
+    caches, sequences = [prefill(runtime, p) for p in prompts], [list(p) for p in prompts]
     for step in range(3):
         tokens = [[20 + step + b] for b in range(len(prompts))]
         logits = forward_batch(runtime, caches, tokens, [[-1]] * len(prompts))
@@ -67,8 +58,8 @@ def test_row_attention_runs_with_autograd_enabled_and_matches_inference_mode():
     runtime = ModelRuntime(tiny_model())
     prompts = [[3, 5, 7, 9], [4, 6, 8]]  # unequal rows: masked, padded reads
     with torch.inference_mode():
-        reference = forward_batch(runtime, _rows(runtime, prompts), [[30], [31]], [[-1], [-1]])
-    caches = _rows(runtime, prompts)
+        reference = forward_batch(runtime, [prefill(runtime, p) for p in prompts], [[30], [31]], [[-1], [-1]])
+    caches = [prefill(runtime, p) for p in prompts]
     with torch.enable_grad():
         logits = forward_batch(runtime, caches, [[30], [31]], [[-1], [-1]])
     for got, want in zip(logits, reference):

@@ -43,7 +43,6 @@ from . import row_attention
 from .cache_argument import cache_kwargs
 from .kv_pool import SCRATCH
 from .masks import AttentionLayout, additive_masks
-from .token_rows import packed_ids
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +157,11 @@ class GraphedForward:
             if static.meta is not static.host:  # pageable: staged at once, the host buffer is free again
                 static.meta.copy_(static.host, non_blocking=True)
                 static.allowed.copy_(static.host_allowed, non_blocking=True)
-            if any(isinstance(row, torch.Tensor) for row in tokens):  # draft picks still on the device
-                static.d["ids"][:n_real].copy_(packed_ids(tokens, 0, self.device)[0])
+            at = 0
+            for row in tokens:  # draft picks still on the device: copied there, into their place
+                if isinstance(row, torch.Tensor):
+                    static.d["ids"][at: at + len(row)].copy_(row)
+                at += len(row)
             if not self.graphs_on or self.refused:
                 return self._forward(model, layout, windows, pool, static, shape)[first:n_real]
             if pool.generation != self.generation:
@@ -241,8 +243,9 @@ def _fill(static: _Static, shape: Shape, plan, tokens: list[list[int]], n_new: l
         query = torch.arange(n_query)[None]
         valid = query < torch.tensor(n_new)[:, None]  # [B, Q]
         packed = query_pos[valid]  # row-major: the packed order
-    if not any(isinstance(row, torch.Tensor) for row in tokens):  # else `run` copies them on the device
-        h["ids"][:n_real] = torch.tensor([t for row in tokens for t in row])
+    # rows on the device are left as zeros here: `run` copies them in after the staging copy
+    h["ids"][:n_real] = torch.tensor([t for row in tokens
+                                      for t in ([0] * len(row) if isinstance(row, torch.Tensor) else row)])
     h["pos"][:n_real] = packed
     h["write"][:n_real] = plan.write_slots
     h["write"][n_real:] = SCRATCH

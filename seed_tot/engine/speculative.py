@@ -28,6 +28,7 @@ from .policies.fixed import FixedPolicy
 from .sampling import process_logits
 from .sequence import Sequence
 from .target_features import TargetHidden
+from .token_rows import to_device
 from .verify import Acceptance, decide_on_device, is_chain, row_uniforms
 
 log = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ def _target_inputs(seq: Sequence, tree: DraftTree) -> tuple["list[int] | torch.T
     parents = _chain_parents(n_p) + [n_p - 1 if p < 0 else n_p + p for p in tree.parents]
     if tree.device_tokens is not None:
         picks = tree.device_tokens
-        return torch.cat([torch.tensor(pending, dtype=torch.long, device=picks.device), picks]), parents, n_p
+        return torch.cat([to_device(pending, picks.device), picks]), parents, n_p
     return pending + tree.tokens, parents, n_p
 
 

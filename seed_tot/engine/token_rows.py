@@ -14,13 +14,21 @@ def host_tokens(tokens) -> list[int]:
     return tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
 
 
+def to_device(values: list[int], device) -> torch.Tensor:
+    """A LongTensor of `values` on `device`, copied without waiting: a blocking copy from pageable
+    memory would wait for every kernel queued before it, a host sync in all but name."""
+    host = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def packed_ids(tokens: list, pad: int, device) -> torch.Tensor:
     """[1, sum of the rows' lengths + pad] input ids: every row's tokens, packed, then `pad` zeros.
     Rows on the device are joined there, so none of them is read back to the host."""
     if not any(isinstance(row, torch.Tensor) for row in tokens):
-        return torch.tensor([[t for row in tokens for t in row] + [0] * pad]).to(device)
-    parts = [row.to(device) if isinstance(row, torch.Tensor) else torch.tensor(row, dtype=torch.long, device=device)
-             for row in tokens]
+        return to_device([t for row in tokens for t in row] + [0] * pad, device)[None]
+    parts = [row.to(device) if isinstance(row, torch.Tensor) else to_device(row, device) for row in tokens]
     if pad:
         parts.append(torch.zeros(pad, dtype=torch.long, device=device))
     return torch.cat(parts)[None]
