@@ -1,10 +1,12 @@
-"""Greedy draft picks stay on the device: a draft round reads none of them back before its next draft
-forward (each read would make the host wait for the device), the forwards take rows of device tokens
-as they take host lists (packed, fixed-shape and stock paths alike), and the tokens read once, at the
-end, are the ones the policy picks alone."""
+"""Greedy draft picks and sampled chains' draws stay on the device: a draft round reads none of them
+back before its next draft forward (each read would make the host wait for the device), the forwards
+take rows of device tokens as they take host lists (packed, fixed-shape and stock paths alike), the
+tokens read once, at the end, are the ones the policy picks or draws for the row alone, and the
+device draws follow q."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from seed_tot.engine.sequence import Sequence, StopRule
 from test_attention_types import build
 from test_kv_layout import prefill
 from test_chain_acceptance import _on_device_marker
+from test_sampling_lossless import tv, tv_bound
 
 PROMPTS = [[4, 4, 2], [9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
 
@@ -70,11 +73,50 @@ def test_a_greedy_draft_round_reads_nothing_back_and_its_picks_are_the_policys_o
     assert [t.tokens for t in alone] == [t.tokens for t in host]
 
 
-def test_sampled_rows_keep_drawing_on_the_host_from_their_own_generators(draft):
+def test_sampled_sibling_groups_keep_drawing_on_the_host_from_their_own_generators(draft):
     runtime = ModelRuntime(draft)
     trees = [tree for tree, _ in speculative.draft_rows(runtime, _rows([(2, 1)] * 4, 1.0),
                                                         draft.config.vocab_size, defer_tokens=True)]
     assert all(tree.device_tokens is None and UNREAD not in tree.tokens for tree in trees)
+
+
+@pytest.mark.parametrize("k_configs", [[(1, 1, 1)] * 4, [(1, 1), (1,), (1, 1, 1), (1, 1, 1, 1)]])
+def test_a_sampled_chain_round_reads_nothing_back_and_draws_for_each_row_what_it_draws_alone(draft, k_configs,
+                                                                                              monkeypatch):
+    runtime = ModelRuntime(draft)
+    vocab = draft.config.vocab_size
+    reads = _CountReads(monkeypatch)
+    deferred = speculative.draft_rows(runtime, _rows(k_configs, 1.0), vocab, defer_tokens=True)
+    assert reads.n == 0
+    trees = [tree for tree, _ in deferred]
+    assert all(tree.device_tokens is not None and set(tree.tokens) == {UNREAD} for tree in trees)
+    assert all(not tree.deterministic(i) for tree in trees for i in range(len(tree)))  # drawn from q, not picked
+    read_tokens(trees)
+    assert reads.n == 1
+    # each row draws from its own generator: alone, it draws the same tokens from the same q
+    for row, tree in zip(_rows(k_configs, 1.0), trees):
+        alone, _ = speculative.draft_rows(runtime, [row], vocab)[0]
+        assert alone.tokens == tree.tokens
+        torch.testing.assert_close(alone.draft_probs, tree.draft_probs)
+
+
+def test_device_draws_follow_the_draft_distribution_q():
+    """Many rows of one prompt, each with its own generator, draft one token each: their tokens must
+    follow q within the simulated null's TV bound, and a distribution barely different must not."""
+    model = tiny_model("llama", seed=21, vocab=8)
+    runtime = ModelRuntime(model)
+    n = 1500
+    rule = StopRule(SamplingParams(max_new_tokens=4, temperature=0.8), frozenset(), None)
+    rows = [(Sequence(b, [1, 4, 2], rule, torch.Generator().manual_seed(1000 + b), draft=KVCache()), FixedPolicy((1,)))
+            for b in range(n)]
+    trees = [tree for tree, _ in speculative.draft_rows(runtime, rows, 8)]
+    q = trees[0].draft_probs[0].double()
+    exact = {(t,): float(q[t]) for t in range(8)}
+    counts = Counter((tree.tokens[0],) for tree in trees)
+    bound = tv_bound(exact, n)
+    assert tv(counts, exact, n) < bound
+    skewed = (q + 0.1 * torch.nn.functional.one_hot(q.argmin(), 8)) / 1.1  # 0.1 of the mass moved
+    assert tv(counts, {(t,): float(skewed[t]) for t in range(8)}, n) > bound
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "falcon-mqa"])
@@ -99,10 +141,12 @@ def test_rows_of_device_tokens_score_as_host_lists_do(arch, fixed):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_a_greedy_seed_step_reads_the_device_once_its_verification_and_never_while_drafting(monkeypatch):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_seed_step_reads_the_device_once_its_verification_and_never_while_drafting(temperature, monkeypatch):
     """Everything computed from a forward's logits is marked (test_chain_acceptance's counter); a
-    greedy SEED step reads marked data only in its verification's one transfer, which also brings the
-    round's picks: the draft forwards and the target's forward never wait for the device."""
+    SEED step, greedy or a sampled chain, reads marked data only in its verification's one transfer,
+    which also brings the round's picks or draws: the draft forwards and the target's forward never
+    wait for the device. (A sampled sibling group still draws on the host.)"""
     target = tiny_model("qwen2", seed=7)
     engine = Engine(target, noisy_copy(target, 0.005))
     reads = [0]
@@ -124,14 +168,19 @@ def test_a_greedy_seed_step_reads_the_device_once_its_verification_and_never_whi
     monkeypatch.setattr(speculative, "forward_rows", marked_forward_rows)
     for name, into in (("draft_rows", draft_reads), ("score_rows", score_reads), ("accept_rows", accept_reads)):
         monkeypatch.setattr(seed_module, name, counted(getattr(seed_module, name), into))
-    params = SamplingParams(max_new_tokens=8, temperature=0)
+    params = SamplingParams(max_new_tokens=8, temperature=temperature)
+    k_configs = [(1, 1, 1), (2, 2, 1)] if temperature == 0 else [(1, 1, 1), (1, 1)]
 
     async def run():
         return await asyncio.gather(*(engine.agenerate(PROMPTS, params, mode="seed", k_config=k, draft_batch=None,
-                                                       verify_batch=None) for k in [(1, 1, 1), (2, 2, 1)]))
+                                                       verify_batch=None) for k in k_configs))
     results = asyncio.run(run())
-    reference = engine.generate(PROMPTS, params, mode="ar")
-    assert [r.token_ids for r in results[0]] == [r.token_ids for r in results[1]] == [r.token_ids for r in reference]
+    if temperature == 0:
+        reference = engine.generate(PROMPTS, params, mode="ar")
+        assert [r.token_ids for r in results[0]] == [r.token_ids for r in results[1]] == [r.token_ids for r in reference]
+    else:
+        assert all(len(r.token_ids) == 8 for batch in results for r in batch)
+        assert sum(r.stats.accepted for batch in results for r in batch) > 0  # drafts were really accepted
     assert draft_reads and set(draft_reads) == {0}
     assert score_reads and set(score_reads) == {0}  # the target's forward takes the picks as they are
     assert accept_reads and set(accept_reads) == {1}

@@ -30,6 +30,24 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, vocab_size: int
     return logits.softmax(-1)
 
 
+def processing_key(params: SamplingParams) -> tuple:
+    """What `process_logits` reads of a row's params: rows with equal keys are processed together."""
+    return params.temperature, params.top_k, params.top_p
+
+
+def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of the unnormalised [rows, V] `dist` (each row with mass), u [rows] in [0, 1):
+    the first token whose cumulative mass exceeds u * total. A draw on the device that depends only on
+    u, so a row's uniforms can come from its own generator on the host and no draw reads the device."""
+    # float64: a float32 cumsum over a large vocabulary moves each token's interval by up to an ulp of
+    # the running total, a bias a rare token would feel; `last` (the last token with mass) guards
+    # against u * total rounding up to the total
+    cdf = dist.double().cumsum(-1)
+    total = cdf[:, -1:]
+    last = (cdf < total).sum(-1, keepdim=True)
+    return torch.minimum(torch.searchsorted(cdf, u.double()[:, None] * total, right=True), last)[:, 0]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from a 1-D distribution (argmax when it is one-hot, without spending randomness)."""
     if probs.max() == 1.0:

@@ -25,7 +25,7 @@ from .model_runtime import ModelRuntime
 from .params import SamplingParams
 from .policies.base import DraftPolicy
 from .policies.fixed import FixedPolicy
-from .sampling import process_logits
+from .sampling import process_logits, processing_key
 from .sequence import Sequence
 from .target_features import TargetHidden
 from .token_rows import to_device
@@ -182,7 +182,7 @@ def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingPara
     # chains first, then branching trees (each kind one consecutive block of decide_on_device's
     # rows), each grouped by params, so that each group's p is one process_logits call
     sampled = sorted((b for b in range(len(jobs)) if not rules[b].greedy),
-                     key=lambda b: (not is_chain(jobs[b][1]), _params_key(rules[b])))
+                     key=lambda b: (not is_chain(jobs[b][1]), processing_key(rules[b])))
     # drawn once, before anything can fail: a row decided again alone below reuses its own draws
     uniforms = {b: row_uniforms(jobs[b][1], jobs[b][0].generator) for b in sampled}
     out: list = [None] * len(jobs)
@@ -212,18 +212,13 @@ def _decide_together(jobs, scored: list[ScoredRow], rules: list[SamplingParams],
                                for b in sampled], batch_first=True)
         groups, first = [], 0
         for end in range(1, len(sampled) + 1):
-            if end == len(sampled) or _params_key(rules[sampled[end]]) != _params_key(rules[sampled[first]]):
+            if end == len(sampled) or processing_key(rules[sampled[end]]) != processing_key(rules[sampled[first]]):
                 groups.append(process_logits(logits[first:end], rules[sampled[first]], vocab_size))
                 first = end
         probs = torch.cat(groups) if len(groups) > 1 else groups[0]
     decided = decide_on_device(greedy_rows, [jobs[b][1] for b in sampled], probs, [uniforms[b] for b in sampled])
     for b, acc in zip(greedy + sampled, decided):
         out[b] = acc
-
-
-def _params_key(params: SamplingParams) -> tuple:
-    """What process_logits reads of a sampled row's params."""
-    return params.temperature, params.top_k, params.top_p
 
 
 @torch.inference_mode()

@@ -14,10 +14,10 @@ def host_tokens(tokens) -> list[int]:
     return tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
 
 
-def to_device(values: list[int], device) -> torch.Tensor:
-    """A LongTensor of `values` on `device`, copied without waiting: a blocking copy from pageable
+def to_device(values: "list | torch.Tensor", device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A tensor of `values` (a list, or a host tensor) on `device`, copied without waiting: a blocking copy from pageable
     memory would wait for every kernel queued before it, a host sync in all but name."""
-    host = torch.tensor(values, dtype=torch.long)
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .draft_tree import DraftTree
+from .sampling import inverse_cdf
 
 
 def host_rows_to(rows: list[list[float]], device: torch.device) -> torch.Tensor:
@@ -31,16 +32,6 @@ def host_rows_to(rows: list[list[float]], device: torch.device) -> torch.Tensor:
     if device.type == "cuda":  # a pageable blocking copy would wait for the whole stream
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
-
-
-def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of the unnormalised [rows, V] `dist` (each with mass), u [rows] in [0, 1)."""
-    # the first token whose cumulative mass exceeds u * total has mass > 0; `last` (the last token
-    # with mass) guards against u * total rounding up to the total
-    cdf = dist.cumsum(-1)
-    total = cdf[:, -1:]
-    last = (cdf < total).sum(-1, keepdim=True)
-    return torch.minimum(torch.searchsorted(cdf, u[:, None] * total, right=True), last)[:, 0]
 
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:

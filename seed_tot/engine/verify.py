@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from .draft_tree import DraftTree, read_tokens
-from .sampling import sample
-from .tree_decision import host_rows_to, inverse_cdf, tree_decisions
+from .sampling import inverse_cdf, sample
+from .tree_decision import host_rows_to, tree_decisions
 
 
 @dataclass
@@ -181,14 +181,17 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list
     """Every row of a verification, with one device-to-host transfer: greedy rows (their tree and the
     target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
     rows as `accept_sampled`. Returns the greedy rows' acceptances, then the sampled rows'."""
-    read_tokens([tree for tree in sampled if tree.device_tokens is not None])  # none today: policies draw on the host
     chains = [b for b, tree in enumerate(sampled) if is_chain(tree)]
     branching = [b for b, tree in enumerate(sampled) if not is_chain(tree)]
-    # greedy picks still on the draft's device come back in the same transfer, read first
-    waiting = [tree for tree, _ in greedy if tree.device_tokens is not None]
+    read_tokens([sampled[b] for b in branching])  # their walk packs tokens on the host (none today: drawn there)
+    # tokens still on the draft's device (greedy picks, sampled chains' draws) come back in the same
+    # transfer, read first
+    waiting = [tree for tree in [tree for tree, _ in greedy] + [sampled[b] for b in chains]
+               if tree.device_tokens is not None]
     parts = []
     if waiting:
-        parts.append(torch.cat([tree.device_tokens for tree in waiting]).to(greedy[0][1].device))
+        device = greedy[0][1].device if greedy else sampled_probs.device
+        parts.append(torch.cat([tree.device_tokens for tree in waiting]).to(device))
     if greedy:
         parts.append(torch.cat([logits for _, logits in greedy]).argmax(-1))
     if chains:
@@ -241,18 +244,23 @@ def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[lis
     """[rows, 2] on p's device: how many draft tokens each chain accepts, and its extra token."""
     rows, width, vocab = p.shape
     k = width - 1
-    if vocab > 2 ** 24:
+    on_device = [b for b, tree in enumerate(trees) if tree.device_tokens is not None]
+    if vocab > 2 ** 24 and len(on_device) < rows:
         raise ValueError(f"a vocabulary of {vocab} tokens does not fit the float32 transfer of draft tokens")
     # one host-to-device copy for every row: uniforms (padding 1.0: never accepts), the extra token's
-    # uniform, draft tokens as float32 (exact below 2**24; padding -1), and which nodes were picked
+    # uniform, draft tokens as float32 (exact below 2**24; padding -1; 0 holds the place of a token
+    # still on the device), and which nodes were picked
     packed = []
     for tree, u in zip(trees, uniforms):
         n, pad = len(tree), k - len(tree)
-        packed.append(u[:n] + [1.0] * pad + [u[n]] + tree.tokens + [-1.0] * pad
+        tokens = [0.0] * n if tree.device_tokens is not None else tree.tokens
+        packed.append(u[:n] + [1.0] * pad + [u[n]] + tokens + [-1.0] * pad
                       + [float(tree.deterministic(i)) for i in range(n)] + [0.0] * pad)
     packed_t = host_rows_to(packed, p.device)
     u, u_extra = packed_t[:, :k], packed_t[:, k]
     tokens = packed_t[:, k + 1: 2 * k + 1].long()
+    for b in on_device:  # drawn on the device and left there: copied into place, never read here
+        tokens[b, : len(trees[b])] = trees[b].device_tokens.to(p.device)
     picked = packed_t[:, 2 * k + 1:] > 0
     n_draft = (tokens >= 0).sum(-1)
     at = torch.arange(rows, device=p.device)

@@ -2,13 +2,17 @@
 
 Sampled decoding draws each sibling group without replacement from q; greedy decoding takes the
 draft's top-`width` tokens, which are deterministic candidates (no q row is kept for them).
+Greedy picks and a sampled chain's draws stay on the device until the verification reads them with
+its one transfer (a read per draft step would make every draft step wait for the device); a sampled
+sibling group draws on the host, since how many distinct tokens q can give is known only there.
 """
 from __future__ import annotations
 
 import torch
 
 from ..params import SamplingParams, check_k_config
-from ..sampling import multinomial
+from ..sampling import inverse_cdf, multinomial, process_logits, processing_key
+from ..token_rows import to_device
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
 
@@ -39,16 +43,23 @@ class FixedRound(DraftRound):
         self.k_config = k_config[: max(1, builder.remaining)]  # no point drafting past the budget
         self.depth = 0
         self.level: list[int] = []
+        self.draws_on_device = not builder.params.greedy and all(k == 1 for k in self.k_config)
 
     def first_feed(self) -> Feed:
         return self.b.pending_feed()
 
-    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None,
-             top: torch.Tensor | None = None) -> Feed | None:
-        """top (greedy, from `step_rows`): [frontier nodes, >= width] their top tokens, on the device."""
+    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None = None,
+             drawn: tuple[torch.Tensor, torch.Tensor] | None = None) -> Feed | None:
+        """From `step_rows`: top (greedy) [frontier nodes, >= width] their top tokens; drawn (a sampled
+        chain) the node's token and the q it was drawn from; both on the device."""
         b, params = self.b, self.b.params
+        if self.draws_on_device and drawn is None:  # alone: the same draw step_rows makes for it
+            return type(self).step_rows([self], [logits], [hidden])[0]
         frontier = self._frontier(logits)
         width = self.k_config[self.depth]
+        if drawn is not None:
+            token, q = drawn
+            return self._next(b.add_picked([frontier[0][0]], token, q), token)
         if top is not None:  # picked on the device and left there: the next draft forward reads them
             picks = top[:, :width].reshape(-1)
             level = b.add_picked([node for node, _ in frontier for _ in range(width)], picks)
@@ -81,8 +92,9 @@ class FixedRound(DraftRound):
                   hidden: list[torch.Tensor | None]) -> list[Feed | None]:
         """Every greedy row's frontier in one top-k, whose picks stay on the device (the next draft
         forward takes them as they are; the verification reads them with its one transfer). A row's
-        picks are its own logits' top tokens, whatever shares the batch. Sampled rows draw alone,
-        each from its own generator."""
+        picks are its own logits' top tokens, whatever shares the batch. Sampled chains draw on the
+        device together (`_draw_chains`); sampled sibling groups draw alone, on the host. Every sampled
+        row draws from its own generator."""
         greedy = [i for i, r in enumerate(rounds) if r.b.params.greedy]
         tops: dict[int, torch.Tensor] = {}
         if greedy:
@@ -93,7 +105,32 @@ class FixedRound(DraftRound):
             at = 0
             for i, f in zip(greedy, frontiers):
                 tops[i], at = picked[at: at + len(f)], at + len(f)
-        return [r.step(row_logits, None, tops.get(i)) for i, (r, row_logits) in enumerate(zip(rounds, logits))]
+        chains = [i for i, r in enumerate(rounds) if r.draws_on_device]
+        drawn = dict(zip(chains, cls._draw_chains([rounds[i] for i in chains], [logits[i] for i in chains])))
+        return [r.step(row_logits, None, tops.get(i), drawn.get(i)) for i, (r, row_logits) in enumerate(zip(rounds, logits))]
+
+    @staticmethod
+    def _draw_chains(rounds: list["FixedRound"], logits: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sampled chain: its next node's token (a 1-element device tensor) and the q it was drawn
+        from. q is the row's processed distribution (rows of equal params processed together); the
+        token is q's inverse CDF at a float64 uniform the row draws from its own generator on the host,
+        so the draw reads nothing back and depends on nothing but the row. Every row's uniform reaches
+        the device in one copy."""
+        if not rounds:
+            return []
+        vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
+        groups: dict[tuple, list[int]] = {}
+        for j, r in enumerate(rounds):
+            groups.setdefault(processing_key(r.b.params), []).append(j)
+        order = [j for members in groups.values() for j in members]
+        q = torch.cat([process_logits(torch.stack([rounds[j]._frontier(logits[j])[0][1] for j in members]),
+                                      rounds[members[0]].b.params, vocab) for members in groups.values()])
+        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=rounds[j].b.seq.generator) for j in order])
+        tokens = inverse_cdf(q, to_device(u, q.device))
+        out: list = [None] * len(rounds)
+        for at, j in enumerate(order):
+            out[j] = (tokens[at: at + 1], q[at])
+        return out
 
     def finish(self):
         return self.b.tree()
