@@ -1,4 +1,4 @@
-"""Greedy draft picks and sampled chains' draws stay on the device: a draft round reads none of them
+"""Greedy draft picks and sampled draws stay on the device: a draft round reads none of them
 back before its next draft forward (each read would make the host wait for the device), the forwards
 take rows of device tokens as they take host lists (packed, fixed-shape and stock paths alike), the
 tokens read once, at the end, are the ones the policy picks or draws for the row alone, and the
@@ -14,7 +14,7 @@ import torch
 from conftest import noisy_copy, tiny_model
 from seed_tot import Engine
 from seed_tot.engine import seed as seed_module
-from seed_tot.engine import speculative
+from seed_tot.engine import speculative, verify
 from seed_tot.engine.draft_tree import UNREAD, read_tokens
 from seed_tot.engine.graphed_forward import Buckets
 from seed_tot.engine.kv_cache import KVCache, forward_batch
@@ -73,15 +73,9 @@ def test_a_greedy_draft_round_reads_nothing_back_and_its_picks_are_the_policys_o
     assert [t.tokens for t in alone] == [t.tokens for t in host]
 
 
-def test_sampled_sibling_groups_keep_drawing_on_the_host_from_their_own_generators(draft):
-    runtime = ModelRuntime(draft)
-    trees = [tree for tree, _ in speculative.draft_rows(runtime, _rows([(2, 1)] * 4, 1.0),
-                                                        draft.config.vocab_size, defer_tokens=True)]
-    assert all(tree.device_tokens is None and UNREAD not in tree.tokens for tree in trees)
-
-
-@pytest.mark.parametrize("k_configs", [[(1, 1, 1)] * 4, [(1, 1), (1,), (1, 1, 1), (1, 1, 1, 1)]])
-def test_a_sampled_chain_round_reads_nothing_back_and_draws_for_each_row_what_it_draws_alone(draft, k_configs,
+@pytest.mark.parametrize("k_configs", [[(1, 1, 1)] * 4, [(1, 1), (1,), (1, 1, 1), (1, 1, 1, 1)],
+                                       [(2, 2, 1), (1, 1, 1), (3, 1), (2, 2, 1)]])
+def test_a_sampled_round_reads_nothing_back_and_draws_for_each_row_what_it_draws_alone(draft, k_configs,
                                                                                               monkeypatch):
     runtime = ModelRuntime(draft)
     vocab = draft.config.vocab_size
@@ -119,6 +113,32 @@ def test_device_draws_follow_the_draft_distribution_q():
     assert tv(counts, {(t,): float(skewed[t]) for t in range(8)}, n) > bound
 
 
+def test_a_sibling_group_wider_than_q_ends_in_tokens_of_no_mass_that_the_verifier_never_accepts(draft):
+    """top_k=2 leaves q two tokens; a group of three draws both, then a token of no mass. The tree keeps
+    its k_config's shape, and no verification accepts that node, whatever the target says."""
+    runtime = ModelRuntime(draft)
+    vocab = draft.config.vocab_size
+    rule = StopRule(SamplingParams(max_new_tokens=8, temperature=1.0, top_k=2), frozenset(), None)
+    rows = [(Sequence(b, list(p), rule, torch.Generator().manual_seed(b), draft=KVCache()), FixedPolicy((3, 1)))
+            for b, p in enumerate(PROMPTS)]
+    trees = [tree for tree, _ in speculative.draft_rows(runtime, rows, vocab)]
+    for tree in trees:
+        assert tree.parents == [-1, -1, -1, 0, 1, 2]
+        q = tree.q(0)
+        first, second, third = tree.tokens[:3]
+        assert first != second and q[first] > 0 and q[second] > 0 and int((q > 0).sum()) == 2
+        spent = q.clone()
+        spent[[first, second]] = 0
+        assert spent[third] == 0
+        # a target that puts all its mass on the spent node's token: still never accepted
+        p = torch.zeros(len(tree) + 1, vocab)
+        p[0, third] = 1.0
+        p[1:, 0] = 1.0
+        for seed in range(20):
+            acceptance = verify.decide_alone(tree, p, False, torch.Generator().manual_seed(seed))
+            assert acceptance.path[:1] != [2]
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "falcon-mqa"])
 @pytest.mark.parametrize("fixed", [False, True])
 @torch.inference_mode()
@@ -144,9 +164,9 @@ def test_rows_of_device_tokens_score_as_host_lists_do(arch, fixed):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_seed_step_reads_the_device_once_its_verification_and_never_while_drafting(temperature, monkeypatch):
     """Everything computed from a forward's logits is marked (test_chain_acceptance's counter); a
-    SEED step, greedy or a sampled chain, reads marked data only in its verification's one transfer,
-    which also brings the round's picks or draws: the draft forwards and the target's forward never
-    wait for the device. (A sampled sibling group still draws on the host.)"""
+    SEED step, greedy or sampled, chains and trees, reads marked data only in its verification's one
+    transfer, which also brings the round's picks or draws: the draft forwards and the target's
+    forward never wait for the device."""
     target = tiny_model("qwen2", seed=7)
     engine = Engine(target, noisy_copy(target, 0.005))
     reads = [0]
@@ -169,7 +189,7 @@ def test_a_seed_step_reads_the_device_once_its_verification_and_never_while_draf
     for name, into in (("draft_rows", draft_reads), ("score_rows", score_reads), ("accept_rows", accept_reads)):
         monkeypatch.setattr(seed_module, name, counted(getattr(seed_module, name), into))
     params = SamplingParams(max_new_tokens=8, temperature=temperature)
-    k_configs = [(1, 1, 1), (2, 2, 1)] if temperature == 0 else [(1, 1, 1), (1, 1)]
+    k_configs = [(1, 1, 1), (2, 2, 1)]
 
     async def run():
         return await asyncio.gather(*(engine.agenerate(PROMPTS, params, mode="seed", k_config=k, draft_batch=None,

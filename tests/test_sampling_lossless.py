@@ -150,6 +150,17 @@ def test_sampled_continuations_follow_the_target_distribution(pair, setting, mod
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < bound
 
 
+def test_sibling_groups_wider_than_q_follow_the_target_distribution(pair):
+    """top_k=2 with three siblings: every root group ends in a draw from a spent q (a token of no
+    mass, drawn on the device), which must leave the output's distribution exact."""
+    target, draft = pair
+    params = SamplingParams(max_new_tokens=LENGTH, temperature=1.0, top_k=2)
+    exact = exact_distribution(target, params)
+    results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode="mcsd", k_config=(3, 1), n_workers=8)
+    assert sum(r.stats.accepted for r in results) > 0.05 * SAMPLES
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+
+
 # The verifier-alone tests: 13,000 trials against the simulated null's maximum (tv_bound) flag a TV of
 # about 0.02, the fixed threshold that 20,000 trials were held to before, at two thirds of the loop.
 VERIFIER_TRIALS = 13_000

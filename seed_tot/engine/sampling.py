@@ -36,8 +36,8 @@ def processing_key(params: SamplingParams) -> tuple:
 
 
 def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of the unnormalised [rows, V] `dist` (each row with mass), u [rows] in [0, 1):
-    the first token whose cumulative mass exceeds u * total. A draw on the device that depends only on
+    """One token per row of the unnormalised [rows, V] `dist`, u [rows] in [0, 1): the first token
+    whose cumulative mass exceeds u * total (token 0 for a row without mass). A draw on the device that depends only on
     u, so a row's uniforms can come from its own generator on the host and no draw reads the device."""
     # float64: a float32 cumsum over a large vocabulary moves each token's interval by up to an ulp of
     # the running total, a bias a rare token would feel; `last` (the last token with mass) guards

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_tree import DraftTree, read_tokens
+from .draft_tree import DraftTree
 from .sampling import inverse_cdf, sample
 from .tree_decision import host_rows_to, tree_decisions
 
@@ -183,11 +183,9 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list
     rows as `accept_sampled`. Returns the greedy rows' acceptances, then the sampled rows'."""
     chains = [b for b, tree in enumerate(sampled) if is_chain(tree)]
     branching = [b for b, tree in enumerate(sampled) if not is_chain(tree)]
-    read_tokens([sampled[b] for b in branching])  # their walk packs tokens on the host (none today: drawn there)
-    # tokens still on the draft's device (greedy picks, sampled chains' draws) come back in the same
+    # draft tokens still on the draft's device (greedy picks, sampled draws) come back in the same
     # transfer, read first
-    waiting = [tree for tree in [tree for tree, _ in greedy] + [sampled[b] for b in chains]
-               if tree.device_tokens is not None]
+    waiting = [tree for tree in [tree for tree, _ in greedy] + sampled if tree.device_tokens is not None]
     parts = []
     if waiting:
         device = greedy[0][1].device if greedy else sampled_probs.device

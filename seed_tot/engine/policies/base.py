@@ -181,14 +181,14 @@ class TreeBuilder:
         self.path_probs.append(path_prob)
         return len(self.tokens) - 1
 
-    def add_picked(self, parents: list[int], picks: torch.Tensor, q: torch.Tensor | None = None) -> list[int]:
+    def add_picked(self, parents: list[int], picks: torch.Tensor, qs: list[torch.Tensor] | None = None) -> list[int]:
         """Nodes whose tokens (`picks`, 1-D, one per parent given) stay on the device until the tree
-        is verified, so no read waits for the draft forward that chose them: picked (q None) or
-        drawn from q."""
+        is verified, so no read waits for the draft forward that chose them: picked (qs None) or
+        drawn, node i from qs[i] (siblings drawn from one q give the same tensor object)."""
         if len(self.device_levels) == 0 and self.tokens:
             raise RuntimeError("a tree's tokens are all on the device or all on the host")
         self.device_levels.append(picks)
-        return [self.add(parent, UNREAD, q) for parent in parents]
+        return [self.add(parent, UNREAD, None if qs is None else q) for parent, q in zip(parents, qs or parents)]
 
     def feed_nodes(self, nodes: list[int], tokens: torch.Tensor | None = None) -> Feed:
         """Feed `nodes` to the draft model; tokens: theirs on the device (from `add_picked`)."""

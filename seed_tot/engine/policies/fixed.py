@@ -2,16 +2,15 @@
 
 Sampled decoding draws each sibling group without replacement from q; greedy decoding takes the
 draft's top-`width` tokens, which are deterministic candidates (no q row is kept for them).
-Greedy picks and a sampled chain's draws stay on the device until the verification reads them with
-its one transfer (a read per draft step would make every draft step wait for the device); a sampled
-sibling group draws on the host, since how many distinct tokens q can give is known only there.
+Greedy picks and sampled draws stay on the device until the verification reads them with its one
+transfer (a read per draft step would make every draft step wait for the device).
 """
 from __future__ import annotations
 
 import torch
 
 from ..params import SamplingParams, check_k_config
-from ..sampling import inverse_cdf, multinomial, process_logits, processing_key
+from ..sampling import inverse_cdf, process_logits, processing_key
 from ..token_rows import to_device
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
@@ -43,38 +42,20 @@ class FixedRound(DraftRound):
         self.k_config = k_config[: max(1, builder.remaining)]  # no point drafting past the budget
         self.depth = 0
         self.level: list[int] = []
-        self.draws_on_device = not builder.params.greedy and all(k == 1 for k in self.k_config)
 
     def first_feed(self) -> Feed:
         return self.b.pending_feed()
 
-    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None, top: torch.Tensor | None = None,
-             drawn: tuple[torch.Tensor, torch.Tensor] | None = None) -> Feed | None:
-        """From `step_rows`: top (greedy) [frontier nodes, >= width] their top tokens; drawn (a sampled
-        chain) the node's token and the q it was drawn from; both on the device."""
-        b, params = self.b, self.b.params
-        if self.draws_on_device and drawn is None:  # alone: the same draw step_rows makes for it
+    def step(self, logits: torch.Tensor, hidden: torch.Tensor | None,
+             drawn: "tuple[torch.Tensor, list[torch.Tensor] | None] | None" = None) -> Feed | None:
+        """drawn (from `step_rows`): the frontier's children's tokens, `width` per frontier node, on the
+        device, and per child the q it was drawn from (None: greedy picks)."""
+        if drawn is None:  # alone: the same draw step_rows makes for it among other rows
             return type(self).step_rows([self], [logits], [hidden])[0]
-        frontier = self._frontier(logits)
+        picks, qs = drawn
         width = self.k_config[self.depth]
-        if drawn is not None:
-            token, q = drawn
-            return self._next(b.add_picked([frontier[0][0]], token, q), token)
-        if top is not None:  # picked on the device and left there: the next draft forward reads them
-            picks = top[:, :width].reshape(-1)
-            level = b.add_picked([node for node, _ in frontier for _ in range(width)], picks)
-            return self._next(level, picks)
-        level = []
-        for node, node_logits in frontier:
-            if params.greedy:  # deterministic candidates: the draft's top-`width` tokens
-                picks = torch.topk(node_logits[: b.vocab_size].float(), width).indices.tolist()
-                level += [b.add(node, tok, None) for tok in picks]
-                continue
-            q = b.q(node_logits)  # `width` draws without replacement from q (what the verifier assumes)
-            n = min(width, int((q > 0).sum()))
-            picks = multinomial(q, n, b.seq.generator).tolist()
-            level += [b.add(node, tok, q) for tok in picks]
-        return self._next(level)
+        parents = [node for node, _ in self._frontier(logits) for _ in range(width)]
+        return self._next(self.b.add_picked(parents, picks, qs), picks)
 
     def _next(self, level: list[int], tokens: torch.Tensor | None = None) -> Feed | None:
         self.depth += 1
@@ -90,13 +71,13 @@ class FixedRound(DraftRound):
     @classmethod
     def step_rows(cls, rounds: list["FixedRound"], logits: list[torch.Tensor],
                   hidden: list[torch.Tensor | None]) -> list[Feed | None]:
-        """Every greedy row's frontier in one top-k, whose picks stay on the device (the next draft
-        forward takes them as they are; the verification reads them with its one transfer). A row's
-        picks are its own logits' top tokens, whatever shares the batch. Sampled chains draw on the
-        device together (`_draw_chains`); sampled sibling groups draw alone, on the host. Every sampled
-        row draws from its own generator."""
+        """Every row's next level, chosen on the device and left there (the next draft forward takes the
+        tokens as they are; the verification reads them with its one transfer): greedy rows' picks in
+        one top-k, sampled rows' draws together (`_draw`). A row's tokens are its own logits' (and its
+        own generator's), whatever shares the batch."""
         greedy = [i for i, r in enumerate(rounds) if r.b.params.greedy]
-        tops: dict[int, torch.Tensor] = {}
+        sampled = [i for i, r in enumerate(rounds) if not r.b.params.greedy]
+        drawn: dict[int, tuple] = {}
         if greedy:
             vocab = rounds[greedy[0]].b.vocab_size  # one engine's rows: one vocabulary
             frontiers = [[node_logits[:vocab] for _, node_logits in rounds[i]._frontier(logits[i])] for i in greedy]
@@ -104,32 +85,51 @@ class FixedRound(DraftRound):
             picked = torch.topk(torch.stack([x for f in frontiers for x in f]).float(), width).indices
             at = 0
             for i, f in zip(greedy, frontiers):
-                tops[i], at = picked[at: at + len(f)], at + len(f)
-        chains = [i for i, r in enumerate(rounds) if r.draws_on_device]
-        drawn = dict(zip(chains, cls._draw_chains([rounds[i] for i in chains], [logits[i] for i in chains])))
-        return [r.step(row_logits, None, tops.get(i), drawn.get(i)) for i, (r, row_logits) in enumerate(zip(rounds, logits))]
+                drawn[i] = (picked[at: at + len(f), : rounds[i].k_config[rounds[i].depth]].reshape(-1), None)
+                at += len(f)
+        if sampled:
+            drawn.update(zip(sampled, cls._draw([rounds[i] for i in sampled], [logits[i] for i in sampled])))
+        return [r.step(row_logits, None, drawn[i]) for i, (r, row_logits) in enumerate(zip(rounds, logits))]
 
     @staticmethod
-    def _draw_chains(rounds: list["FixedRound"], logits: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per sampled chain: its next node's token (a 1-element device tensor) and the q it was drawn
-        from. q is the row's processed distribution (rows of equal params processed together); the
-        token is q's inverse CDF at a float64 uniform the row draws from its own generator on the host,
-        so the draw reads nothing back and depends on nothing but the row. Every row's uniform reaches
-        the device in one copy."""
-        if not rounds:
-            return []
+    def _draw(rounds: list["FixedRound"], logits: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Per sampled row: its frontier nodes' children, `width` per node drawn without replacement from
+        the node's q, on the device, and per child that q. q is the row's processed distribution (rows
+        of equal params processed together); the c-th draw is the inverse CDF of q without the draws
+        before it, at a float64 uniform the row draws from its own generator on the host. So nothing is
+        read back, and a row's draws depend on nothing but the row. A group that asks for more tokens
+        than q has draws, once q is spent, a token of no mass, which the verifier rejects with its
+        residual unchanged (q(x) = 0): exact, and the tree's shape is its k_config's whatever q is."""
         vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
+        frontiers = [[node_logits for _, node_logits in r._frontier(x)] for r, x in zip(rounds, logits)]
+        widths = [r.k_config[r.depth] for r in rounds]
         groups: dict[tuple, list[int]] = {}
         for j, r in enumerate(rounds):
             groups.setdefault(processing_key(r.b.params), []).append(j)
         order = [j for members in groups.values() for j in members]
-        q = torch.cat([process_logits(torch.stack([rounds[j]._frontier(logits[j])[0][1] for j in members]),
+        q = torch.cat([process_logits(torch.stack([x for j in members for x in frontiers[j]]),
                                       rounds[members[0]].b.params, vocab) for members in groups.values()])
-        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=rounds[j].b.seq.generator) for j in order])
-        tokens = inverse_cdf(q, to_device(u, q.device))
+        width = max(widths)
+        u = torch.zeros(q.shape[0], width, dtype=torch.float64)
+        at = 0
+        for j in order:
+            n = len(frontiers[j])
+            u[at: at + n, : widths[j]] = torch.rand(n, widths[j], dtype=torch.float64, generator=rounds[j].b.seq.generator)
+            at += n
+        u = to_device(u, q.device)  # every row's uniforms in one copy
+        dist, draws = q, []
+        for c in range(width):
+            draws.append(inverse_cdf(dist, u[:, c]))
+            if c + 1 < width:
+                dist = dist.scatter(-1, draws[-1][:, None], 0.0)
+        tokens = torch.stack(draws, 1)
         out: list = [None] * len(rounds)
-        for at, j in enumerate(order):
-            out[j] = (tokens[at: at + 1], q[at])
+        at = 0
+        for j in order:
+            n, w = len(frontiers[j]), widths[j]
+            node_q = [q[at + f] for f in range(n)]  # one object per node: its children share one q row
+            out[j] = (tokens[at: at + n, :w].reshape(-1), [x for x in node_q for _ in range(w)])
+            at += n
         return out
 
     def finish(self):
