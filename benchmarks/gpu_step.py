@@ -1,9 +1,10 @@
 """Where a decode step's time goes on a GPU (issue 40): the probes behind the journal's first GPU table.
 
-    python benchmarks/gpu_step.py graphs --models tiny,1.1b,7b
+    python benchmarks/gpu_step.py graphs --models tiny,160m,1.1b,7b
         per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
         its exact size against the bucketed forward replayed as a CUDA graph, median of the steps,
-        and whether both give the same tokens
+        and whether both give the same tokens (the graphed times price a pair for
+        benchmarks/speculation_ceiling.py --points)
     python benchmarks/gpu_step.py profile --preset llama2-7b+llama-160m --rows 9
         the engine on a synthetic pair: ms per step of `parallel` and `seed`; a cProfile of the step
         thread over 32 `parallel` steps (the one `.tolist()` a step waits in is the device's time);
@@ -33,6 +34,8 @@ from seed_tot.synthetic import build_synthetic_engine
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=8192),
+    "160m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                 num_key_value_heads=12, vocab_size=32000),  # the synthetic preset's draft
     "1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                  num_key_value_heads=4, vocab_size=32000),
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,

@@ -2,9 +2,9 @@
 transformers' own batched `generate` (issue 40's CPU proxy for the GPU's host-bound step).
 
 A tiny Llama (2 layers, hidden 64, vocab 8192, float32, random weights from a fixed seed) decodes
-greedily from `--prompt-len`-token prompts (different random tokens per row, all one length, so no
-padding and no shared prefill). Each side runs the same batch twice, for `--new-tokens` tokens and
-for one token; per-step time = (wall(N) - wall(1)) / (N - 1), which takes the prefill out. Medians
+greedily (with `--temperature`, sampling) from `--prompt-len`-token prompts (different random tokens
+per row, all one length, so no padding and no shared prefill). Each side runs the same batch twice,
+for `--new-tokens` tokens and for one token; per-step time = (wall(N) - wall(1)) / (N - 1), which takes the prefill out. Medians
 over `--repeats` after one untimed warm-up of each. Every forward runs on the engine's forward
 thread (forward_thread.py says why), transformers' too, with `--threads` intra-op threads.
 
@@ -94,16 +94,18 @@ def _prompts(rows: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(1, vocab, (rows, length), generator=gen).tolist()
 
 
-def _hf_generate(model, prompts: list[list[int]], new_tokens: int) -> None:
+def _hf_generate(model, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0) -> None:
     ids = torch.tensor(prompts)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature else dict(do_sample=False)
     with torch.inference_mode():
-        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, use_cache=True)
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, use_cache=True, **sampling)
 
 
-def _engine_generate(engine: Engine, mode: str, prompts: list[list[int]], new_tokens: int) -> None:
+def _engine_generate(engine: Engine, mode: str, prompts: list[list[int]], new_tokens: int,
+                     temperature: float = 0.0) -> None:
     engine.clear_prefix_cache(keep=False)  # a repeat must score its prompts again, as the first run did
-    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, temperature=0), mode=mode)
+    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, temperature=temperature), mode=mode)
 
 
 def per_step_ms(run, new_tokens: int, repeats: int) -> float:
@@ -126,17 +128,18 @@ def measure_rows(engine: Engine, rows: int, args) -> dict:
     model = engine.target
     on_thread = engine.on_forward_thread
     result: dict = {"rows": rows}
-    result["transformers_ms"] = on_thread(per_step_ms, lambda n: _hf_generate(model, prompts, n),
+    t = args.temperature
+    result["transformers_ms"] = on_thread(per_step_ms, lambda n: _hf_generate(model, prompts, n, t),
                                           args.new_tokens, args.repeats)
     for mode in args.modes:
-        result[f"{mode}_ms"] = per_step_ms(lambda n, m=mode: _engine_generate(engine, m, prompts, n),
+        result[f"{mode}_ms"] = per_step_ms(lambda n, m=mode: _engine_generate(engine, m, prompts, n, t),
                                            args.new_tokens, args.repeats)
     # counted apart from the timed runs: the dispatch mode itself costs host time
     with ForwardOps(model) as counted:
-        on_thread(_hf_generate, model, prompts, 3)
+        on_thread(_hf_generate, model, prompts, 3, t)
     result["transformers_ops"] = counted.decode_ops(rows)
     with ForwardOps(model) as counted:
-        _engine_generate(engine, args.modes[0], prompts, 3)
+        _engine_generate(engine, args.modes[0], prompts, 3, t)
     result["engine_ops"] = counted.decode_ops(rows)
     result["ratio"] = result[f"{args.modes[0]}_ms"] / result["transformers_ms"]
     return result
@@ -174,6 +177,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              f"ratio's and the op count's (seed adds a 1-layer random draft)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; else both sides sample at it (no top-k/top-p)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_file", help="write the rows and settings here")
@@ -194,7 +199,7 @@ def main(argv=None) -> list[dict]:
     engine = build_engine(args)
     engine.on_forward_thread(torch.set_num_threads, args.threads)
     print(f"tiny Llama ({args.layers} layers, hidden 64, vocab {args.vocab}, float32), {args.prompt_len}-token "
-          f"prompts, {args.new_tokens} new tokens, greedy, {args.threads} thread(s), median of {args.repeats}; "
+          f"prompts, {args.new_tokens} new tokens, {'temperature %g' % args.temperature if args.temperature else 'greedy'}, {args.threads} thread(s), median of {args.repeats}; "
           f"torch {torch.__version__}", flush=True)
     print(table_header(args.modes), flush=True)
     results = []

@@ -20,6 +20,12 @@ on that hardware with that pair.
     python benchmarks/speculation_ceiling.py --measure --alpha 0.45,0.52 --rows 1,3,9
     python benchmarks/speculation_ceiling.py --measure --dtype bfloat16 --alpha 0.45,0.52 --rows 1,3,9
 
+`--points` prices a pair from forward times measured elsewhere instead of a calibration, in
+milliseconds by query tokens (rows x tokens per row), e.g. a GPU's replayed graphs from
+`benchmarks/gpu_step.py graphs` (a 7B target at 1, 8 and 32 rows; a draft step of about a millisecond):
+
+    python benchmarks/speculation_ceiling.py --points "target=1:8.77,8:10.0,32:13.5;draft=1:1.0" --alpha 0.4 --rows 9
+
 `--gain 3:8` adds what more concurrency can give each kind of round: the best plan's tokens per
 second at 8 rows over its tokens per second at 3 rows, beside the same ratio for `parallel`.
 Issue 10 asks four ToT searches for 2x the problems per hour of one; on a CPU, where a forward's
@@ -76,6 +82,25 @@ def load_entry(key: str) -> tuple[str, Costs]:
                                             for k in ("target_points", "draft_points")}})
 
 
+def from_points(text: str) -> tuple[str, Costs]:
+    """Costs from 'target=TOKENS:MS,...;draft=TOKENS:MS,...' (the draft's part optional: a free draft)."""
+    parts: dict[str, tuple[tuple[int, float], ...]] = {}
+    try:
+        for part in text.split(";"):
+            role, _, pairs = part.partition("=")
+            parts[role.strip()] = tuple((int(n), float(ms) / 1e3) for n, ms in
+                                        (pair.split(":") for pair in pairs.split(",")))
+    except ValueError:
+        raise SystemExit(f"--points {text!r}: expected 'target=TOKENS:MS,...;draft=TOKENS:MS,...', "
+                         f"e.g. 'target=1:8.77,8:10.0,32:13.5;draft=1:1.0'") from None
+    target, draft = parts.get("target", ()), parts.get("draft", ((1, 0.0),))
+    if len(target) < 2 or set(parts) - {"target", "draft"}:
+        raise SystemExit(f"--points {text!r}: needs target= with at least two TOKENS:MS pairs (and at most a draft=)")
+    if len(draft) == 1:  # one measured draft step: flat in its tokens
+        draft = (draft[0], (draft[0][0] + 1, draft[0][1]))
+    return f"points {text}", Costs(0.0, 0.0, draft[0][1], target, draft)
+
+
 def measured(target: str | None, draft: str | None, dtype: str | None = None) -> tuple[str, Costs]:
     """Calibrate (or read the cached calibration of) this pair on this machine, in `dtype`."""
     from seed_tot import Engine
@@ -89,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--key", help="a substring of the calibration's key (target|draft|device|dtype)")
     parser.add_argument("--measure", action="store_true", help="calibrate --target/--draft now (cached)")
+    parser.add_argument("--points", help="'target=TOKENS:MS,...;draft=TOKENS:MS,...': forward times measured elsewhere")
     parser.add_argument("--target", help="with --measure: hub id, local dir or .gguf (default: embedded)")
     parser.add_argument("--draft", help="with --measure: its draft (default: the shipped one)")
     parser.add_argument("--dtype", help="with --measure: float32 (CPU default), bfloat16, float16")
@@ -100,9 +126,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.prefill is not None and not 0.0 <= args.prefill < 1.0:
         parser.error(f"--prefill {args.prefill}: expected a share of the wall in [0, 1), e.g. 0.58")
-    if args.measure == bool(args.key):
-        parser.error("give exactly one of --key (a cached calibration) and --measure")
-    key, costs = measured(args.target, args.draft, args.dtype) if args.measure else load_entry(args.key)
+    if sum((args.measure, bool(args.key), bool(args.points))) != 1:
+        parser.error("give exactly one of --key (a cached calibration), --measure and --points")
+    if args.points:
+        key, costs = from_points(args.points)
+    else:
+        key, costs = measured(args.target, args.draft, args.dtype) if args.measure else load_entry(args.key)
     free = Costs(costs.target_fixed_s, costs.target_per_token_s, 0.0, costs.target_points, ((1, 0.0), (2, 0.0)))
     alphas = [float(a) for a in args.alpha.split(",")]
     print(f"calibration: {key}")

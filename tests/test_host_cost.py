@@ -39,3 +39,27 @@ def test_op_counter_counts_only_the_decode_forward_of_the_whole_batch(host_cost)
     assert [tokens for tokens, _ in counted.forwards] == [6, 2, 2]
     assert counted.decode_ops(2) == counted.forwards[-1][1]
     assert counted.decode_ops(5) is None
+
+
+def test_host_cost_samples_on_both_sides_at_a_temperature(host_cost, capsys, monkeypatch):
+    seen = []
+    real = host_cost._hf_generate.__globals__["SamplingParams"]
+
+    def recording(*args, **kwargs):
+        params = real(*args, **kwargs)
+        seen.append(params.temperature)
+        return params
+    monkeypatch.setitem(host_cost._engine_generate.__globals__, "SamplingParams", recording)
+    sampled = []
+    real_generate = host_cost.LlamaForCausalLM.generate
+
+    def generate(self, *args, **kwargs):
+        sampled.append((kwargs.get("do_sample"), kwargs.get("temperature")))
+        return real_generate(self, *args, **kwargs)
+    monkeypatch.setattr(host_cost.LlamaForCausalLM, "generate", generate)
+    results = host_cost.main(["--rows", "2", "--repeats", "1", "--prompt-len", "12", "--new-tokens", "3",
+                              "--vocab", "256", "--modes", "seed", "--temperature", "1.0"])
+    assert "temperature 1" in capsys.readouterr().out.splitlines()[0]
+    assert seen and set(seen) == {1.0}  # every engine call sampled
+    assert sampled and set(sampled) == {(True, 1.0)}  # and every transformers call
+    assert results[0]["transformers_ms"] > 0 and results[0]["seed_ms"] > 0
