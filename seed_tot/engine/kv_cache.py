@@ -27,6 +27,7 @@ from .cache_argument import cache_kwargs
 from .masks import batched_visibility, build_attention_mask, tree_visibility, window_masks
 from .model_runtime import ModelRuntime
 from .row_storage import RowCache
+from .host_to_device import to_device
 from .token_rows import host_tokens, packed_ids
 from .target_features import placed_features
 
@@ -94,7 +95,7 @@ class KVCache:
         keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         keep.update(_feature_inputs(model, None if features is None else [features], (1, len(tokens)), [(0, 0)]))
         with self.cache.scoring(runtime.pool, len(tokens)):
-            out = model(input_ids=torch.tensor([tokens], device=device), position_ids=query_pos[None].to(device),
+            out = model(input_ids=to_device([tokens], device), position_ids=to_device(query_pos[None], device),
                         attention_mask=mask, use_cache=True, **cache_kwargs(model, self.cache), **keep)
         self.parents = all_parents
         if not pad:
@@ -234,7 +235,7 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
                                                    history)
         with row_attention.active_batch(model, batch):
-            out = model(input_ids=input_ids, position_ids=positions.to(device), attention_mask=mask,
+            out = model(input_ids=input_ids, position_ids=to_device(positions, device), attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch), **extra)
     if logits_to_keep:
         return [out.logits[0, :logits_to_keep]]
@@ -287,13 +288,13 @@ def _forward_batch_copied(runtime: ModelRuntime, caches: list[KVCache], tokens: 
         index = torch.zeros(batch, n_hist, dtype=torch.long)
         for b, kv in enumerate(caches):
             index[b, n_hist - kv.length:] = pool.slots_of(kv.cache.line)  # left-padded: the pads are masked
-        index = index.to(pool.device)
+        index = to_device(index, pool.device)
         for layer_idx in sorted(pool.keys):
             keys, values = pool.read(layer_idx, index)  # [B, n_hist, kv_heads, D]
             stacked.update(keys.transpose(1, 2), values.transpose(1, 2), layer_idx)
     copy_s = time.perf_counter() - copy_start
     extra = _feature_inputs(model, features, (batch, n_query), [(b, 0) for b in range(batch)])
-    out = model(input_ids=input_ids.to(device), position_ids=query_pos.to(device),
+    out = model(input_ids=to_device(input_ids, device), position_ids=to_device(query_pos, device),
                 attention_mask=mask, use_cache=True, **cache_kwargs(model, stacked), **extra)
     n_new = [len(t) for t in tokens]
     with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_to_device import to_device
+
 MIN_SLOTS = 1024
 MIN_WIDTH = 256
 MIN_LINES = 16
@@ -202,7 +204,8 @@ class KVPool:
             self._in_flight += 1
         try:
             on_host = self.device.type == "cpu" or not on_device  # no transfer to make, not even a no-op one
-            yield ScoringPlan(slots if on_host else slots.to(self.device), read if on_host else read.to(self.device))
+            yield ScoringPlan(slots if on_host else to_device(slots, self.device),
+                              read if on_host else to_device(read, self.device))
         finally:
             with self._cond:
                 self._in_flight -= 1

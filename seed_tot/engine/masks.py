@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_to_device import to_device
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 
@@ -124,7 +126,7 @@ def build_attention_mask(layout: AttentionLayout, allowed: torch.Tensor, query_p
                 # a query always keeps itself (distance 0), so no row is ever fully masked
                 visible = allowed & (distance < window)
             mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-            by_window[window] = mask[:, None].to(device)
+            by_window[window] = to_device(mask[:, None], device)
         masks[layer_type] = by_window[window]
     if layout.as_dict:
         return masks
@@ -211,7 +213,7 @@ def window_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.
                  dtype: torch.dtype, device) -> dict:
     """Additive masks [B, 1, Q, K] per window (None: full), by the rule key_pos > query_pos - window,
     built where the inputs are and moved to `device`."""
-    return {window: mask.to(device) for window, mask in additive_masks(allowed, query_pos, key_pos, windows,
+    return {window: to_device(mask, device) for window, mask in additive_masks(allowed, query_pos, key_pos, windows,
                                                                         dtype).items()}
 
 

@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .host_to_device import to_device
 from .masks import AttentionLayout
 
 PREFIX = "seed_tot+"
@@ -107,7 +108,8 @@ class RowBatchCache(Cache):
         q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~valid, 0)
         out_index = (torch.arange(rows)[:, None] * width + query)[valid]
         return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=False,
-                   q_index=q_index.reshape(-1).to(device), out_index=out_index.to(device), valid=valid.to(device),
+                   q_index=to_device(q_index.reshape(-1), device), out_index=to_device(out_index, device),
+                   valid=to_device(valid, device),
                    **layout)
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):

@@ -28,7 +28,7 @@ from .policies.fixed import FixedPolicy
 from .sampling import process_logits, processing_key
 from .sequence import Sequence
 from .target_features import TargetHidden
-from .token_rows import to_device
+from .host_to_device import to_device
 from .verify import Acceptance, decide_on_device, is_chain, row_uniforms
 
 log = logging.getLogger(__name__)

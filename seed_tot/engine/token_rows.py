@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from .host_to_device import to_device
+
 
 def host_tokens(tokens) -> list[int]:
     """`tokens` as a host list (reading a device tensor waits for the device)."""
     return tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-
-
-def to_device(values: "list | torch.Tensor", device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """A tensor of `values` (a list, or a host tensor) on `device`, copied without waiting: a blocking copy from pageable
-    memory would wait for every kernel queued before it, a host sync in all but name."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def packed_ids(tokens: list, pad: int, device) -> torch.Tensor:
@@ -28,7 +21,7 @@ def packed_ids(tokens: list, pad: int, device) -> torch.Tensor:
     Rows on the device are joined there, so none of them is read back to the host."""
     if not any(isinstance(row, torch.Tensor) for row in tokens):
         return to_device([t for row in tokens for t in row] + [0] * pad, device)[None]
-    parts = [row.to(device) if isinstance(row, torch.Tensor) else to_device(row, device) for row in tokens]
+    parts = [to_device(row, device) for row in tokens]
     if pad:
         parts.append(torch.zeros(pad, dtype=torch.long, device=device))
     return torch.cat(parts)[None]

@@ -23,15 +23,8 @@ from __future__ import annotations
 import torch
 
 from .draft_tree import DraftTree
+from .host_to_device import to_device
 from .sampling import inverse_cdf
-
-
-def host_rows_to(rows: list[list[float]], device: torch.device) -> torch.Tensor:
-    """Equal-length float rows as one [rows, columns] float32 tensor on `device`, in one copy."""
-    host = torch.tensor(rows, dtype=torch.float32)
-    if device.type == "cuda":  # a pageable blocking copy would wait for the whole stream
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +101,7 @@ def tree_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[
                       + first + pad + fresh + pad
                       + [float(offsets[b] + tree.q_index[i]) if fresh[i] else 0.0 for i in range(size)] + pad
                       + uniforms[b][:size] + [1.0] * (n - size) + [uniforms[b][size]])
-    on_device = host_rows_to(packed, device)
+    on_device = to_device(packed, device, torch.float32)
     table_end = (n + 1) * width
     children = on_device[:, :table_end].long().view(rows, n + 1, width)
     token, picked, first, fresh, q_row, u = on_device[:, table_end: table_end + 6 * n].view(rows, 6, n).unbind(1)

@@ -32,7 +32,8 @@ import torch
 
 from .draft_tree import DraftTree
 from .sampling import inverse_cdf, sample
-from .tree_decision import host_rows_to, tree_decisions
+from .host_to_device import to_device
+from .tree_decision import tree_decisions
 
 
 @dataclass
@@ -254,7 +255,7 @@ def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[lis
         tokens = [0.0] * n if tree.device_tokens is not None else tree.tokens
         packed.append(u[:n] + [1.0] * pad + [u[n]] + tokens + [-1.0] * pad
                       + [float(tree.deterministic(i)) for i in range(n)] + [0.0] * pad)
-    packed_t = host_rows_to(packed, p.device)
+    packed_t = to_device(packed, p.device, torch.float32)
     u, u_extra = packed_t[:, :k], packed_t[:, k]
     tokens = packed_t[:, k + 1: 2 * k + 1].long()
     for b in on_device:  # drawn on the device and left there: copied into place, never read here

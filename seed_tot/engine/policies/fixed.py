@@ -11,7 +11,7 @@ import torch
 
 from ..params import SamplingParams, check_k_config
 from ..sampling import inverse_cdf, process_logits, processing_key
-from ..token_rows import to_device
+from ..host_to_device import to_device
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
 
