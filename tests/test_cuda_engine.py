@@ -2,6 +2,8 @@
 target's own greedy tokens. Skipped where there is no CUDA device (CI's CPU); a GPU session runs it."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -49,3 +51,39 @@ def test_sampled_drafting_on_cuda_draws_from_each_sequences_host_generator(cuda_
     k_config = (2, 1)
     results = Engine(target, draft).generate(prompts, params, mode="seed", k_config=k_config, draft_policy=policy)
     assert all(len(r.token_ids) == 12 for r in results)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_on_cuda_a_seed_step_synchronises_only_in_its_verification(cuda_pair, temperature, monkeypatch):
+    """torch's sync debug mode flags every call that makes the host wait for the GPU: drafting and the
+    target's forward make none (their picks and draws stay on the device), each verification one."""
+    from seed_tot.engine import seed as seed_module
+
+    target, draft, prompts, _ = cuda_pair
+    syncs: dict[str, list[int]] = {"draft_rows": [], "score_rows": [], "accept_rows": []}
+
+    def counted(real, into):
+        def run(*args, **kwargs):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                    into.append(sum("called a synchronizing" in str(w.message) for w in caught))
+        return run
+
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, seed=3)
+    engine = Engine(target, draft)
+
+    def run():
+        for k_config in [(1, 1, 1), (2, 2, 1)]:
+            engine.generate(prompts, params, mode="seed", k_config=k_config, draft_batch=None, verify_batch=None)
+    run()  # the first steps capture their buckets' graphs and grow the pools: both synchronise, once
+    for name, into in syncs.items():
+        monkeypatch.setattr(seed_module, name, counted(getattr(seed_module, name), into))
+    run()
+    assert syncs["draft_rows"] and set(syncs["draft_rows"]) == {0}, syncs
+    assert syncs["score_rows"] and set(syncs["score_rows"]) == {0}, syncs
+    assert syncs["accept_rows"] and set(syncs["accept_rows"]) == {1}, syncs
