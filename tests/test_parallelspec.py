@@ -155,3 +155,58 @@ def test_the_autoregressive_drafter_of_the_same_size_keeps_greedy_output(target)
                                               k_config=(1, 1, 1))[0]
     assert result.token_ids == reference_greedy(target, PROMPT, 16)
     assert result.stats.draft_forwards > result.stats.verifications  # one forward per drafted token
+
+
+def _ps_rows(drafter, widths_per_row, params):
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+    from seed_tot.engine.sequence import Sequence, StopRule
+
+    rule = StopRule(params, frozenset(), None)
+    prompts = [PROMPT, [9, 4], [5, 5, 7, 1, 2, 8, 3], [11]]
+    return [(Sequence(b, list(p), rule, torch.Generator().manual_seed(b), draft=KVCache()),
+             ParallelSpecPolicy(drafter, k_config=w, depth=3))
+            for b, (p, w) in enumerate(zip(prompts, widths_per_row))]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_one_pass_round_reads_the_device_once_for_every_row_and_draws_each_as_alone(drafter, temperature,
+                                                                                       monkeypatch):
+    """Every row's levels come from one transfer (tokens and p for the cut), not one read per node; a
+    row batched with others draws what it draws alone, from its own generator."""
+    from seed_tot.engine import speculative
+    from seed_tot.engine.model_runtime import ModelRuntime
+    from test_device_picks import _CountReads
+
+    runtime = ModelRuntime(drafter)
+    vocab = drafter.config.vocab_size
+    widths = [(1,), (2, 1), (1,), (2, 2)]
+    params = SamplingParams(max_new_tokens=8, temperature=temperature)
+    reads = _CountReads(monkeypatch)
+    together = [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, widths, params), vocab)]
+    assert reads.n == 1
+    monkeypatch.undo()
+    alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in _ps_rows(drafter, widths, params)]
+    assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
+    for t, a in zip(together, alone):
+        torch.testing.assert_close(t.draft_probs, a.draft_probs)
+    # widths (2, 2) at depth 3: 2, 4 and 4 nodes (the last level one child per node)
+    assert [len(t) for t in together] == [3, 2 + 2 + 2, 3, 2 + 4 + 4]
+
+
+def test_a_sampled_group_wider_than_q_draws_a_node_of_no_mass_that_is_never_accepted(target, drafter):
+    """top_k=1 leaves q_t one token: a group of two draws it, then a token of no mass (p̂ 0), and the
+    engine's output is still the target's (greedy-equivalent at top_k=1 on both sides)."""
+    from seed_tot.engine import speculative
+    from seed_tot.engine.model_runtime import ModelRuntime
+
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=1)
+    runtime = ModelRuntime(drafter)
+    trees = [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, [(2,)] * 4, params),
+                                                        drafter.config.vocab_size)]
+    for tree in trees:
+        first, second = tree.tokens[:2]
+        q = tree.q(0)
+        assert q[first] == 1.0 and (second == first or q[second] == 0)
+    engine = Engine(target, drafter)
+    results = engine.generate([PROMPT], params, mode="seed", k_config=(2, 2), draft_policy="parallelspec")
+    assert results[0].token_ids == reference_greedy(target, PROMPT, 8)

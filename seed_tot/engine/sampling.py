@@ -48,6 +48,21 @@ def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.searchsorted(cdf, u.double()[:, None] * total, right=True), last)[:, 0]
 
 
+def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sibling groups drawn on the device: row g of q [G, V] gives u.shape[1] tokens, the c-th the
+    inverse CDF of q without the tokens drawn before it, at u[g, c]. Returns the tokens [G, W] and
+    whether each was drawn with mass: a group that asks for more tokens than q holds draws, once q is
+    spent, a token of no mass, which the verifier rejects with its residual unchanged (q(x) = 0)."""
+    dist, tokens, alive = q, [], []
+    for c in range(u.shape[1]):
+        token = inverse_cdf(dist, u[:, c])[:, None]
+        alive.append(dist.gather(-1, token) > 0)
+        tokens.append(token)
+        if c + 1 < u.shape[1]:
+            dist = dist.scatter(-1, token, 0.0)
+    return torch.cat(tokens, 1), torch.cat(alive, 1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from a 1-D distribution (argmax when it is one-hot, without spending randomness)."""
     if probs.max() == 1.0:

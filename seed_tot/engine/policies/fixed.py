@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..params import SamplingParams, check_k_config
-from ..sampling import inverse_cdf, process_logits, processing_key
+from ..sampling import draw_without_replacement, process_logits, processing_key
 from ..host_to_device import to_device
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
@@ -95,11 +95,9 @@ class FixedRound(DraftRound):
     def _draw(rounds: list["FixedRound"], logits: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """Per sampled row: its frontier nodes' children, `width` per node drawn without replacement from
         the node's q, on the device, and per child that q. q is the row's processed distribution (rows
-        of equal params processed together); the c-th draw is the inverse CDF of q without the draws
-        before it, at a float64 uniform the row draws from its own generator on the host. So nothing is
-        read back, and a row's draws depend on nothing but the row. A group that asks for more tokens
-        than q has draws, once q is spent, a token of no mass, which the verifier rejects with its
-        residual unchanged (q(x) = 0): exact, and the tree's shape is its k_config's whatever q is."""
+        of equal params processed together); the draws (sampling.draw_without_replacement) read float64
+        uniforms the row draws from its own generator on the host. So nothing is read back, a row's
+        draws depend on nothing but the row, and a tree keeps its k_config's shape whatever q is."""
         vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
         frontiers = [[node_logits for _, node_logits in r._frontier(x)] for r, x in zip(rounds, logits)]
         widths = [r.k_config[r.depth] for r in rounds]
@@ -117,12 +115,7 @@ class FixedRound(DraftRound):
             u[at: at + n, : widths[j]] = torch.rand(n, widths[j], dtype=torch.float64, generator=rounds[j].b.seq.generator)
             at += n
         u = to_device(u, q.device)  # every row's uniforms in one copy
-        dist, draws = q, []
-        for c in range(width):
-            draws.append(inverse_cdf(dist, u[:, c]))
-            if c + 1 < width:
-                dist = dist.scatter(-1, draws[-1][:, None], 0.0)
-        tokens = torch.stack(draws, 1)
+        tokens, _ = draw_without_replacement(q, u)
         out: list = [None] * len(rounds)
         at = 0
         for j in order:

@@ -6,7 +6,9 @@ depth-t nodes of the tree are drawn from q_t (sampled: each sibling group draws 
 without replacement from q_t, the verifier gets that q_t; greedy: the top-`width` tokens of q_t,
 deterministic candidates). q_t does not depend on which depth-(t-1) token was drafted, which is
 what makes one forward enough; the verifier needs only that each candidate was drawn from the q it
-is given, so the round is lossless.
+is given, so the round is lossless. A one-pass round's levels are drawn on the device for every row
+of the batch at once and read back with one transfer (`_draw_levels`): the cut below weighs them on
+the host, so that read stays, but it is one per draft round, not one per node.
 
 No tree node is fed to the drafter, so `finish` reports no node entries and the verifier's commit
 keeps just the pending real tokens: the mask entries never stay in the drafter's cache (accepted
@@ -67,7 +69,8 @@ import torch
 
 from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
-from ..sampling import multinomial
+from ..host_to_device import to_device
+from ..sampling import draw_without_replacement, multinomial, process_logits, processing_key
 from ..cost_model import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
@@ -177,6 +180,9 @@ class ParallelSpecRound(DraftRound):
         # per node of the newest level (the root at first): the drafter rows its children's levels are
         # drawn from (its nearest fed ancestor's outputs), that ancestor's level, and the node's p̂
         self.frontier: list[tuple[torch.Tensor, int, float]] = []
+        # a one-pass round's draws, made together with its batch's (`_draw_levels`): per level, per
+        # frontier slot, its picks (token, q or None, p)
+        self.drawn: list[list[list[tuple]]] | None = None
 
     def first_feed(self) -> Feed:
         feed = self.b.pending_feed()
@@ -191,6 +197,8 @@ class ParallelSpecRound(DraftRound):
         return Feed(feed.tokens + self.mask_ids, feed.parents + parents, keep=len(self.widths), features=features)
 
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> Feed | None:
+        if self.passes == 1 and self.drawn is None:  # alone: the draws step_rows makes for it among other rows
+            type(self)._draw_levels([self], [logits])
         done = len(self.levels)
         if not done:  # q_1 (after the last real token), then q_2.. (after each mask)
             self.frontier = [(logits[-len(self.widths):], 0, 1.0)]
@@ -213,7 +221,9 @@ class ParallelSpecRound(DraftRound):
         parent_nodes = self.level_nodes[-1] if self.level_nodes else [-1]
         for slot, (rows, anchor, pp) in enumerate(self.frontier):
             row = rows[depth - anchor]
-            if params.greedy:  # deterministic candidates: q_t's top tokens (p̂ from the drafter's plain softmax)
+            if self.drawn is not None:
+                picks = self.drawn[depth][slot]
+            elif params.greedy:  # deterministic candidates: q_t's top tokens (p̂ from the drafter's plain softmax)
                 probs = torch.softmax(row[: b.vocab_size].float(), -1)
                 top = torch.topk(probs, self.widths[depth])
                 picks = [(tok, None, p) for tok, p in zip(top.indices.tolist(), top.values.tolist())]
@@ -229,6 +239,93 @@ class ParallelSpecRound(DraftRound):
         self.levels.append(level)
         self.level_nodes.append(nodes)
         self.frontier = frontier
+
+    @classmethod
+    def step_rows(cls, rounds: list["ParallelSpecRound"], logits: list[torch.Tensor],
+                  hidden: list[torch.Tensor | None]) -> list[Feed | None]:
+        """One-pass rounds draw every level of every row together, reading the device once for all of
+        them (`_draw_levels`); rounds of several passes draw node by node."""
+        one_pass = [i for i, r in enumerate(rounds) if r.passes == 1 and r.drawn is None]
+        if one_pass:
+            cls._draw_levels([rounds[i] for i in one_pass], [logits[i] for i in one_pass])
+        return [r.step(x, h) for r, x, h in zip(rounds, logits, hidden)]
+
+    @staticmethod
+    def _draw_levels(rounds: list["ParallelSpecRound"], logits: list[torch.Tensor]) -> None:
+        """Every level of one-pass rounds, drawn on the device and read back with one transfer (tokens
+        and their p, which the cut weighs on the host). Level t has one sibling group per node of level
+        t-1, each width_t tokens from q_t: greedy, q_t's top tokens (p from the drafter's plain
+        softmax); sampled, drawn without replacement by inverse CDF at float64 uniforms the row draws
+        from its own generator (q processed together per params), so a row's draws depend on nothing
+        but the row. A group that asks for more tokens than q_t holds draws, once q is spent, a token
+        of no mass (p 0), which the verifier rejects with its residual unchanged: the tree keeps its
+        widths' shape whatever q is."""
+        vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
+        q_rows = [x[-len(r.widths):] for r, x in zip(rounds, logits)]  # per round: q_1.. after its masks
+        greedy = [j for j, r in enumerate(rounds) if r.b.params.greedy]
+        sampled = [j for j, r in enumerate(rounds) if not r.b.params.greedy]
+        parts: list[torch.Tensor] = []
+        if greedy:
+            g_width = max(max(rounds[j].widths) for j in greedy)
+            top = torch.topk(torch.softmax(torch.cat([q_rows[j] for j in greedy])[:, :vocab].float(), -1), g_width)
+            parts += [top.indices.double().flatten(), top.values.double().flatten()]
+        if sampled:
+            by_params: dict[tuple, list[int]] = {}
+            for j in sampled:
+                by_params.setdefault(processing_key(rounds[j].b.params), []).append(j)
+            order = [j for members in by_params.values() for j in members]
+            q = torch.cat([process_logits(torch.cat([q_rows[j] for j in members]), rounds[members[0]].b.params, vocab)
+                           for members in by_params.values()])  # q_t of every round in `order`, stacked
+            s_width = max(max(rounds[j].widths) for j in sampled)
+            index: list[int] = []  # per sibling group: its q row
+            uniforms: list[torch.Tensor] = []
+            first = 0
+            for j in order:
+                widths = rounds[j].widths
+                groups = _groups(widths)
+                draws = torch.rand(sum(n * w for n, w in zip(groups, widths)), dtype=torch.float64,
+                                   generator=rounds[j].b.seq.generator)
+                at = 0
+                for d, (n, w) in enumerate(zip(groups, widths)):
+                    for _ in range(n):
+                        index.append(first + d)
+                        uniforms.append(torch.nn.functional.pad(draws[at: at + w], (0, s_width - w)))
+                        at += w
+                first += len(widths)
+            q_groups = q.index_select(0, to_device(index, q.device))
+            u = to_device(torch.stack(uniforms), q.device)  # every row's uniforms in one copy
+            tokens, alive = draw_without_replacement(q_groups, u)
+            ps = torch.where(alive, q_groups.gather(-1, tokens), 0.0)  # a draw from a spent q: p 0
+            parts += [tokens.double().flatten(), ps.double().flatten()]
+        values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
+        at = 0
+        if greedy:
+            n = top.indices.numel()
+            picked, p = values[:n], values[n: 2 * n]
+            at, row = 2 * n, 0
+            for j in greedy:
+                levels = []
+                for n_slots, w in zip(_groups(rounds[j].widths), rounds[j].widths):
+                    picks = [(int(picked[row * g_width + c]), None, p[row * g_width + c]) for c in range(w)]
+                    levels.append([picks] * n_slots)  # every node's children: q_t's top tokens
+                    row += 1
+                rounds[j].drawn = levels
+        if sampled:
+            n = len(index) * s_width
+            drawn, p = values[at: at + n], values[at + n: at + 2 * n]
+            group, first = 0, 0
+            for j in order:
+                widths, levels = rounds[j].widths, []
+                for d, (n_slots, w) in enumerate(zip(_groups(widths), widths)):
+                    q_t = q[first + d]  # one object per level: its groups share one q row in the tree
+                    level = []
+                    for _ in range(n_slots):
+                        level.append([(int(drawn[group * s_width + c]), q_t, p[group * s_width + c])
+                                      for c in range(w)])
+                        group += 1
+                    levels.append(level)
+                rounds[j].drawn = levels
+                first += len(widths)
 
     def _feed_newest_level(self) -> Feed:
         """Another pass: each node of the newest level as a real token, followed by the masks for the
@@ -272,6 +369,14 @@ class ParallelSpecRound(DraftRound):
             nodes += graft_chain(b, lookup_continuation(b.seq.tokens, self.lookup, len(self.widths)), picked)
             return b.tree(picked_first(b.parents, b.q_index, nodes), ordered=True)
         return b.tree() if kept == len(levels) else b.tree(nodes)
+
+
+def _groups(widths: tuple[int, ...]) -> list[int]:
+    """Sibling groups per level of a one-pass round: one per node of the level above."""
+    groups = [1]
+    for w in widths[:-1]:
+        groups.append(groups[-1] * w)
+    return groups
 
 
 class _JointCut:
