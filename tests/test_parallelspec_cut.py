@@ -99,7 +99,7 @@ def test_greedy_output_equals_the_target_alone_with_the_cut(target, drafter, mod
 @pytest.mark.parametrize("mode,k_config,setting,batch,load,rows", [("sd", (1,), "temperature", 1, "greedy", 1),
                                                                    ("sd", (1,), "temperature", 1, "greedy", 4),
                                                                    ("seed", (2, 2), "top_p", None, "greedy", 4),
-                                                                   ("seed", (1,), "temperature", None, "all", 1)])
+                                                                   ("seed", (1,), "temperature", None, "all", 8)])
 def test_sampled_output_follows_the_target_distribution_with_the_cut(mode, k_config, setting, batch, load, rows):
     """load=greedy: a sampled row is cut alone, priced as `rows` rows like it (sampled_rows); load=all:
     sampled rows of a batched round are cut jointly, by every row's draws."""
@@ -163,3 +163,31 @@ def test_cut_option_and_drafter_json_default(tmp_path, monkeypatch, target, draf
     (tmp_path / "d" / "drafter.json").write_text(json.dumps({**config, "cut": "sometimes"}))
     with pytest.raises(ValueError, match=r"drafter.json: cut='sometimes' must be 'none' or 'cost'"):
         load_drafter(tmp_path / "d", target, "tiny-target")
+
+
+def test_a_sampled_level_is_never_kept_or_cut_by_its_own_draw():
+    """Level 2's q = (.6, .4), the target's p = (.5, .5), and verifying level 2 pays only if its p̂
+    beats 0.5. Judged by its own draw (p̂ = q(x)) the level would be kept just when it drew the first
+    token, and the verifier would emit that token 70% of the time; judged by its expected q (0.52),
+    the emitted token follows p."""
+    from seed_tot.engine.kv_cache import KVCache
+    from seed_tot.engine.policies.base import TreeBuilder
+    from seed_tot.engine.sequence import Sequence, StopRule
+    from seed_tot.engine.verify import decide_alone
+
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    rule = StopRule(params, frozenset(), None)
+    neg = float("-inf")
+    logits = torch.tensor([[30.0, 0.0, neg, neg],  # q_1: token 0 (all but certainly)
+                           [torch.tensor(0.6).log().item(), torch.tensor(0.4).log().item(), neg, neg]])
+    pay = costs([(1, 1.0), (2, 1.0), (3, 1.25), (8, 3.0)])  # keep level 2 iff (2 + p̂) / 1.25 > 2
+    p = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.25] * 4])
+    emitted, trials = Counter(), 4000
+    for trial in range(trials):
+        seq = Sequence(0, [1, 2], rule, torch.Generator().manual_seed(trial), draft=KVCache())
+        rnd = ParallelSpecRound(TreeBuilder(seq, params, 4), (1, 1), [3], pay)
+        assert rnd.step(logits, None) is None  # one pass: every level drawn at once
+        tree, _ = rnd.finish()
+        acceptance = decide_alone(tree, p[: len(tree) + 1], False, seq.generator)
+        emitted[acceptance.tokens[1]] += 1
+    assert abs(emitted[0] / trials - 0.5) < 0.04, emitted

@@ -31,14 +31,20 @@ d+1 and 1 past the end of k_config, so sd (all ones) and the default seed k_conf
 k+1; `--k-config 2,2` gives a tree whose first two levels branch.
 
 Option cut=cost (the default a drafter.json may name as "cut"): the forward has already given every
-q_t, so the round keeps only the levels that pay for their verification. With p̂ = the product of
-the drafter's probabilities along a node's path (OPT-Tree's estimate of its acceptance; greedy: the
-drafter's plain softmax, sampled: the q it was drawn from) and the calibrated target cost of
-engine/cost_model.py (`load_costs`), the round keeps levels 1..d for the d that maximizes
+q_t, so the round keeps only the levels that pay for their verification. With p̂ = the product along
+a node's path of an estimate of each level's acceptance (OPT-Tree's: greedy, the drafter's plain
+softmax at the picked token) and the calibrated target cost of engine/cost_model.py (`load_costs`),
+the round keeps levels 1..d for the d that maximizes
     E(d) / time(d),   E(d) = 1 + sum of p̂ over nodes at depth <= d,   time(d) = t_draft + t_target(nodes(d) + 1)
-so a guess the drafter is unsure of is neither verified nor counted. Which levels are kept depends
-only on the draft's own outputs (a stopping rule on the draft side, as in SpecDec++), so the round
-stays lossless. cut=none keeps every level.
+so a guess the drafter is unsure of is neither verified nor counted. A sampled level may not be
+judged by its own draws: keeping level t only when its drawn token has a high q_t would propose
+q_t's likely tokens more often than q_t says, and the verifier, which assumes a draw from q_t,
+would be biased (q_t = (.6, .4) against p = (.5, .5), kept only for the first token, emits it
+70% of the time). So a sampled node's estimate is its level's expected q, sum_x q_t(x)^2, a
+function of q_t alone, and a sampled row's cut goes level by level, keeping level t only while it
+raises the rate, so that whether a level is verified depends on nothing drawn at or below it (with
+passes > 1, deeper q_t have seen the nodes fed before them). Greedy levels are deterministic
+candidates, exact under any cut. cut=none keeps every level.
 
 In a batched round (batched SEED) the rows share one verification forward, so the cut is made for
 all of them at once (`joint_cut`): each row keeps its first level, then the level with the most p̂
@@ -230,8 +236,8 @@ class ParallelSpecRound(DraftRound):
             else:  # each sibling group is its own draw from q_t (what the verifier assumes)
                 q = b.q(row)
                 n = min(self.widths[depth], int((q > 0).sum()))
-                picks = [(tok, q, float(q[tok]))
-                         for tok in multinomial(q, n, b.seq.generator).tolist()]
+                expected = float((q * q).sum())  # the level's expected q: never its own draws (module doc)
+                picks = [(tok, q, expected) for tok in multinomial(q, n, b.seq.generator).tolist()]
             for tok, q, p in picks:
                 level.append((slot, tok, q, pp * p))
                 nodes.append(b.add(parent_nodes[slot], tok, q, pp * p))
@@ -256,10 +262,10 @@ class ParallelSpecRound(DraftRound):
         and their p, which the cut weighs on the host). Level t has one sibling group per node of level
         t-1, each width_t tokens from q_t: greedy, q_t's top tokens (p from the drafter's plain
         softmax); sampled, drawn without replacement by inverse CDF at float64 uniforms the row draws
-        from its own generator (q processed together per params), so a row's draws depend on nothing
-        but the row. A group that asks for more tokens than q_t holds draws, once q is spent, a token
-        of no mass (p 0), which the verifier rejects with its residual unchanged: the tree keeps its
-        widths' shape whatever q is."""
+        from its own generator (q processed together per params; p the level's expected q), so a row's
+        draws depend on nothing but the row. A group that asks for more tokens than q_t holds draws,
+        once q is spent, a token of no mass, which the verifier rejects with its residual unchanged:
+        the tree keeps its widths' shape whatever q is."""
         vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
         q_rows = [x[-len(r.widths):] for r, x in zip(rounds, logits)]  # per round: q_1.. after its masks
         greedy = [j for j, r in enumerate(rounds) if r.b.params.greedy]
@@ -294,8 +300,9 @@ class ParallelSpecRound(DraftRound):
                 first += len(widths)
             q_groups = q.index_select(0, to_device(index, q.device))
             u = to_device(torch.stack(uniforms), q.device)  # every row's uniforms in one copy
-            tokens, alive = draw_without_replacement(q_groups, u)
-            ps = torch.where(alive, q_groups.gather(-1, tokens), 0.0)  # a draw from a spent q: p 0
+            tokens, _ = draw_without_replacement(q_groups, u)
+            # p̂: the level's expected q, never its own draws (module doc), for every node of a group
+            ps = (q_groups * q_groups).sum(-1, keepdim=True).expand(-1, s_width)
             parts += [tokens.double().flatten(), ps.double().flatten()]
         values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
         at = 0
@@ -340,9 +347,10 @@ class ParallelSpecRound(DraftRound):
             b.next_entry += 1 + n_masks
         return Feed(tokens, parents)
 
-    def _cut(self, levels, rows: int = 1) -> int:
+    def _cut(self, levels, rows: int = 1, level_by_level: bool = False) -> int:
         """The number of levels whose draft has the most expected tokens per second (see the module doc),
-        in a forward of `rows` rows that each draft like this one (1: the row alone)."""
+        in a forward of `rows` rows that each draft like this one (1: the row alone); level_by_level:
+        the first level that does not raise the rate ends the draft (a sampled row's rule)."""
         costs, expected, nodes, best, best_rate, target_s = self.costs, 1.0, 0, 1, -1.0, 0.0
         draft_s = costs.draft(rows) * self.passes_run  # already spent: it only weighs against the target's
         for d, level in enumerate(levels, 1):
@@ -353,6 +361,8 @@ class ParallelSpecRound(DraftRound):
             rate = rows * expected / (draft_s + target_s)
             if rate > best_rate:  # ties keep the shallower draft
                 best, best_rate = d, rate
+            elif level_by_level:
+                break
         return best
 
     def finish(self):
@@ -360,7 +370,8 @@ class ParallelSpecRound(DraftRound):
         if self.joint is not None:
             kept = self.joint.kept(id(b.seq))
         else:
-            kept = self._cut(levels, self.priced_rows) if self.costs is not None else len(levels)
+            kept = (self._cut(levels, self.priced_rows, level_by_level=not b.params.greedy)
+                    if self.costs is not None else len(levels))
         # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
         nodes = [n for level in self.level_nodes[:kept] for n in level]
         if self.lookup:
