@@ -115,3 +115,24 @@ def read_tokens(trees: list[DraftTree]) -> None:
         n = tree.device_tokens.numel()
         tree.read_tokens(values[at: at + n])
         at += n
+
+
+# A verification sends its rows' draft tokens to the device packed as float32 with other per-node
+# numbers, in one copy; a tree's tokens still on the device hold their place there as 0 and are copied
+# into place on the device (`place_device_tokens`), never read.
+def packed_tokens(tree: DraftTree) -> list:
+    """The tree's tokens for a host-built packed row: 0 for each token still on the device."""
+    return [0.0] * len(tree) if tree.device_tokens is not None else tree.tokens
+
+
+def place_device_tokens(tokens: torch.Tensor, trees: list[DraftTree]) -> None:
+    """Write each tree's device tokens into its row of the unpacked `tokens` [rows, >= len(tree)]."""
+    for b, tree in enumerate(trees):
+        if tree.device_tokens is not None:
+            tokens[b, : len(tree)] = tree.device_tokens.to(tokens.device)
+
+
+def check_packable(trees: list[DraftTree], vocab: int) -> None:
+    """Host tokens travel as float32, exact below 2**24."""
+    if vocab > 2 ** 24 and any(tree.device_tokens is None for tree in trees):
+        raise ValueError(f"a vocabulary of {vocab} tokens does not fit the float32 transfer of draft tokens")

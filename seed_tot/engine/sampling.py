@@ -35,10 +35,23 @@ def processing_key(params: SamplingParams) -> tuple:
     return params.temperature, params.top_k, params.top_p
 
 
+def process_by_params(logits: list[torch.Tensor], params: list[SamplingParams],
+                      vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+    """`process_logits` of many rows' logits ([n_i, V] each, with their params), one call per group of
+    equal params: the distributions stacked in the returned order of the rows' indices."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(processing_key(p), []).append(i)
+    order = [i for members in groups.values() for i in members]
+    return torch.cat([process_logits(torch.cat([logits[i] for i in members]), params[members[0]], vocab_size)
+                      for members in groups.values()]), order
+
+
 def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of the unnormalised [rows, V] `dist`, u [rows] in [0, 1): the first token
-    whose cumulative mass exceeds u * total (token 0 for a row without mass). A draw on the device that depends only on
-    u, so a row's uniforms can come from its own generator on the host and no draw reads the device."""
+    whose cumulative mass exceeds u * total (token 0 for a row without mass). A draw on the device
+    that depends only on u, so a row's uniforms can come from its own generator on the host and no
+    draw reads the device."""
     # float64: a float32 cumsum over a large vocabulary moves each token's interval by up to an ulp of
     # the running total, a bias a rare token would feel; `last` (the last token with mass) guards
     # against u * total rounding up to the total
@@ -48,19 +61,17 @@ def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.searchsorted(cdf, u.double()[:, None] * total, right=True), last)[:, 0]
 
 
-def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sibling groups drawn on the device: row g of q [G, V] gives u.shape[1] tokens, the c-th the
-    inverse CDF of q without the tokens drawn before it, at u[g, c]. Returns the tokens [G, W] and
-    whether each was drawn with mass: a group that asks for more tokens than q holds draws, once q is
-    spent, a token of no mass, which the verifier rejects with its residual unchanged (q(x) = 0)."""
-    dist, tokens, alive = q, [], []
+def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sibling groups drawn on the device: row g of q [G, V] gives u.shape[1] tokens [G, W], the c-th
+    the inverse CDF of q without the tokens drawn before it, at u[g, c]. A group that asks for more
+    tokens than q holds draws, once q is spent, a token of no mass, which the verifier rejects with
+    its residual unchanged (q(x) = 0)."""
+    dist, tokens = q, []
     for c in range(u.shape[1]):
-        token = inverse_cdf(dist, u[:, c])[:, None]
-        alive.append(dist.gather(-1, token) > 0)
-        tokens.append(token)
+        tokens.append(inverse_cdf(dist, u[:, c])[:, None])
         if c + 1 < u.shape[1]:
-            dist = dist.scatter(-1, token, 0.0)
-    return torch.cat(tokens, 1), torch.cat(alive, 1)
+            dist = dist.scatter(-1, tokens[-1], 0.0)
+    return torch.cat(tokens, 1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .draft_tree import DraftTree
+from .draft_tree import DraftTree, check_packable, packed_tokens, place_device_tokens
 from .host_to_device import to_device
 from .sampling import inverse_cdf
 
@@ -47,9 +47,7 @@ def tree_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[
     p[b, i + 1] after its node i (float32, padded); uniforms[b] from verify.row_uniforms."""
     rows, _, vocab = p.shape
     device = p.device
-    device_rows = [b for b, tree in enumerate(trees) if tree.device_tokens is not None]
-    if vocab > 2 ** 24 and len(device_rows) < rows:
-        raise ValueError(f"a vocabulary of {vocab} tokens does not fit the float32 transfer of draft tokens")
+    check_packable(trees, vocab)
     kids = [_children(tree) for tree in trees]
     n = max(len(tree) for tree in trees)
     width = max(len(k) for row in kids for k in row)
@@ -96,8 +94,7 @@ def tree_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[
                 first[c] = float(j == 0)
                 fresh[c] = float(j == 0 or not tree.without_replacement)
         pad = [0.0] * (n - size)
-        tokens = [0.0] * size if tree.device_tokens is not None else tree.tokens  # 0 holds a device token's place
-        packed.append(table + tokens + pad + [float(tree.deterministic(i)) for i in range(size)] + pad
+        packed.append(table + packed_tokens(tree) + pad + [float(tree.deterministic(i)) for i in range(size)] + pad
                       + first + pad + fresh + pad
                       + [float(offsets[b] + tree.q_index[i]) if fresh[i] else 0.0 for i in range(size)] + pad
                       + uniforms[b][:size] + [1.0] * (n - size) + [uniforms[b][size]])
@@ -106,8 +103,7 @@ def tree_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[list[
     children = on_device[:, :table_end].long().view(rows, n + 1, width)
     token, picked, first, fresh, q_row, u = on_device[:, table_end: table_end + 6 * n].view(rows, 6, n).unbind(1)
     token, q_row = token.long(), q_row.long()
-    for b in device_rows:  # drawn on the device and left there: copied into place, never read here
-        token[b, : len(trees[b])] = trees[b].device_tokens.to(device)
+    place_device_tokens(token, trees)
     picked, first, fresh = picked > 0, first > 0, fresh > 0
     u_extra = on_device[:, -1]
 

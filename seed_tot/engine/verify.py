@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_tree import DraftTree
+from .draft_tree import DraftTree, check_packable, packed_tokens, place_device_tokens
 from .sampling import inverse_cdf, sample
 from .host_to_device import to_device
 from .tree_decision import tree_decisions
@@ -243,23 +243,19 @@ def _chain_decisions(trees: list[DraftTree], p: torch.Tensor, uniforms: list[lis
     """[rows, 2] on p's device: how many draft tokens each chain accepts, and its extra token."""
     rows, width, vocab = p.shape
     k = width - 1
-    on_device = [b for b, tree in enumerate(trees) if tree.device_tokens is not None]
-    if vocab > 2 ** 24 and len(on_device) < rows:
-        raise ValueError(f"a vocabulary of {vocab} tokens does not fit the float32 transfer of draft tokens")
+    check_packable(trees, vocab)
     # one host-to-device copy for every row: uniforms (padding 1.0: never accepts), the extra token's
     # uniform, draft tokens as float32 (exact below 2**24; padding -1; 0 holds the place of a token
     # still on the device), and which nodes were picked
     packed = []
     for tree, u in zip(trees, uniforms):
         n, pad = len(tree), k - len(tree)
-        tokens = [0.0] * n if tree.device_tokens is not None else tree.tokens
-        packed.append(u[:n] + [1.0] * pad + [u[n]] + tokens + [-1.0] * pad
+        packed.append(u[:n] + [1.0] * pad + [u[n]] + packed_tokens(tree) + [-1.0] * pad
                       + [float(tree.deterministic(i)) for i in range(n)] + [0.0] * pad)
     packed_t = to_device(packed, p.device, torch.float32)
     u, u_extra = packed_t[:, :k], packed_t[:, k]
     tokens = packed_t[:, k + 1: 2 * k + 1].long()
-    for b in on_device:  # drawn on the device and left there: copied into place, never read here
-        tokens[b, : len(trees[b])] = trees[b].device_tokens.to(p.device)
+    place_device_tokens(tokens, trees)
     picked = packed_t[:, 2 * k + 1:] > 0
     n_draft = (tokens >= 0).sum(-1)
     at = torch.arange(rows, device=p.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..params import SamplingParams, check_k_config
-from ..sampling import draw_without_replacement, process_logits, processing_key
+from ..sampling import draw_without_replacement, process_by_params
 from ..host_to_device import to_device
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
@@ -101,12 +101,7 @@ class FixedRound(DraftRound):
         vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
         frontiers = [[node_logits for _, node_logits in r._frontier(x)] for r, x in zip(rounds, logits)]
         widths = [r.k_config[r.depth] for r in rounds]
-        groups: dict[tuple, list[int]] = {}
-        for j, r in enumerate(rounds):
-            groups.setdefault(processing_key(r.b.params), []).append(j)
-        order = [j for members in groups.values() for j in members]
-        q = torch.cat([process_logits(torch.stack([x for j in members for x in frontiers[j]]),
-                                      rounds[members[0]].b.params, vocab) for members in groups.values()])
+        q, order = process_by_params([torch.stack(f) for f in frontiers], [r.b.params for r in rounds], vocab)
         width = max(widths)
         u = torch.zeros(q.shape[0], width, dtype=torch.float64)
         at = 0
@@ -115,7 +110,7 @@ class FixedRound(DraftRound):
             u[at: at + n, : widths[j]] = torch.rand(n, widths[j], dtype=torch.float64, generator=rounds[j].b.seq.generator)
             at += n
         u = to_device(u, q.device)  # every row's uniforms in one copy
-        tokens, _ = draw_without_replacement(q, u)
+        tokens = draw_without_replacement(q, u)
         out: list = [None] * len(rounds)
         at = 0
         for j in order:

@@ -76,7 +76,7 @@ import torch
 from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
 from ..host_to_device import to_device
-from ..sampling import draw_without_replacement, multinomial, process_logits, processing_key
+from ..sampling import draw_without_replacement, multinomial, process_by_params
 from ..cost_model import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
@@ -276,12 +276,8 @@ class ParallelSpecRound(DraftRound):
             top = torch.topk(torch.softmax(torch.cat([q_rows[j] for j in greedy])[:, :vocab].float(), -1), g_width)
             parts += [top.indices.double().flatten(), top.values.double().flatten()]
         if sampled:
-            by_params: dict[tuple, list[int]] = {}
-            for j in sampled:
-                by_params.setdefault(processing_key(rounds[j].b.params), []).append(j)
-            order = [j for members in by_params.values() for j in members]
-            q = torch.cat([process_logits(torch.cat([q_rows[j] for j in members]), rounds[members[0]].b.params, vocab)
-                           for members in by_params.values()])  # q_t of every round in `order`, stacked
+            q, at_order = process_by_params([q_rows[j] for j in sampled], [rounds[j].b.params for j in sampled], vocab)
+            order = [sampled[i] for i in at_order]  # q_t of every round in `order`, stacked
             s_width = max(max(rounds[j].widths) for j in sampled)
             index: list[int] = []  # per sibling group: its q row
             uniforms: list[torch.Tensor] = []
@@ -300,7 +296,7 @@ class ParallelSpecRound(DraftRound):
                 first += len(widths)
             q_groups = q.index_select(0, to_device(index, q.device))
             u = to_device(torch.stack(uniforms), q.device)  # every row's uniforms in one copy
-            tokens, _ = draw_without_replacement(q_groups, u)
+            tokens = draw_without_replacement(q_groups, u)
             # p̂: the level's expected q, never its own draws (module doc), for every node of a group
             ps = (q_groups * q_groups).sum(-1, keepdim=True).expand(-1, s_width)
             parts += [tokens.double().flatten(), ps.double().flatten()]
