@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import runpy
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +27,8 @@ def test_host_cost_prints_one_table_row_per_row_count_and_writes_them_to_json(ho
     assert [line.split("|")[1].strip() for line in body] == ["1", "3"]
     assert [r["rows"] for r in json.loads(out.read_text())["rows"]] == [1, 3]
     for r in results:
-        assert r["transformers_ms"] > 0 and r["parallel_ms"] > 0 and r["seed_ms"] > 0
+        # timings, not asserted: (wall(3) - wall(1)) / 2 of one repeat can be any sign; each side reported one
+        assert all(math.isfinite(r[k]) for k in ("transformers_ms", "parallel_ms", "seed_ms"))
         # both sides' decode forwards were found and counted (a missed forward reads None)
         assert r["engine_ops"] > 0 and r["transformers_ops"] > 0
 
