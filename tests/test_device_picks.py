@@ -113,30 +113,47 @@ def test_device_draws_follow_the_draft_distribution_q():
     assert tv(counts, {(t,): float(skewed[t]) for t in range(8)}, n) > bound
 
 
-def test_a_sibling_group_wider_than_q_ends_in_tokens_of_no_mass_that_the_verifier_never_accepts(draft):
-    """top_k=2 leaves q two tokens; a group of three draws both, then a token of no mass. The tree keeps
-    its k_config's shape, and no verification accepts that node, whatever the target says."""
-    runtime = ModelRuntime(draft)
-    vocab = draft.config.vocab_size
-    rule = StopRule(SamplingParams(max_new_tokens=8, temperature=1.0, top_k=2), frozenset(), None)
-    rows = [(Sequence(b, list(p), rule, torch.Generator().manual_seed(b), draft=KVCache()), FixedPolicy((3, 1)))
+def _trees(draft, params: SamplingParams, k_config):
+    rule = StopRule(params, frozenset(), None)
+    rows = [(Sequence(b, list(p), rule, torch.Generator().manual_seed(b), draft=KVCache()), FixedPolicy(k_config))
             for b, p in enumerate(PROMPTS)]
-    trees = [tree for tree, _ in speculative.draft_rows(runtime, rows, vocab)]
-    for tree in trees:
+    return [tree for tree, _ in speculative.draft_rows(ModelRuntime(draft), rows, draft.config.vocab_size)]
+
+
+def test_a_sampled_group_is_at_most_top_k_wide_so_no_node_is_drafted_without_mass(draft):
+    """top_k=2 leaves q two tokens: a group of three keeps two (the third draw could only be a token
+    of no mass, which the verifier always rejects), both of mass, and each still has its child."""
+    for tree in _trees(draft, SamplingParams(max_new_tokens=8, temperature=1.0, top_k=2), (3, 1)):
+        assert tree.parents == [-1, -1, 0, 1]
+        q = tree.q(0)
+        assert int((q > 0).sum()) == 2 and tree.tokens[0] != tree.tokens[1]
+        assert q[tree.tokens[0]] > 0 and q[tree.tokens[1]] > 0
+
+
+def test_a_sibling_group_wider_than_q_ends_in_tokens_of_no_mass_that_the_verifier_never_accepts(draft):
+    """top_p leaves q a support that only the device knows: a group of three draws q's tokens, then
+    tokens of no mass. The tree keeps its k_config's shape, and no verification accepts such a
+    node, whatever the target says."""
+    vocab = draft.config.vocab_size
+    dead = 0
+    for tree in _trees(draft, SamplingParams(max_new_tokens=8, temperature=0.05, top_p=0.5), (3, 1)):
         assert tree.parents == [-1, -1, -1, 0, 1, 2]
         q = tree.q(0)
-        first, second, third = tree.tokens[:3]
-        assert first != second and q[first] > 0 and q[second] > 0 and int((q > 0).sum()) == 2
+        live = int((q > 0).sum())
         spent = q.clone()
-        spent[[first, second]] = 0
-        assert spent[third] == 0
-        # a target that puts all its mass on the spent node's token: still never accepted
-        p = torch.zeros(len(tree) + 1, vocab)
-        p[0, third] = 1.0
-        p[1:, 0] = 1.0
-        for seed in range(20):
-            acceptance = verify.decide_alone(tree, p, False, torch.Generator().manual_seed(seed))
-            assert acceptance.path[:1] != [2]
+        for c, token in enumerate(tree.tokens[:3]):
+            assert (spent[token] > 0) == (c < live)  # q's tokens first, each once; then no mass
+            spent[token] = 0
+        for node in range(live, 3):
+            dead += 1
+            # a target that puts all its mass on the dead node's token: still never accepted
+            p = torch.zeros(len(tree) + 1, vocab)
+            p[0, tree.tokens[node]] = 1.0
+            p[1:, 0] = 1.0
+            for seed in range(20):
+                acceptance = verify.decide_alone(tree, p, False, torch.Generator().manual_seed(seed))
+                assert acceptance.path[:1] != [node]
+    assert dead, "no group outgrew its q: the test did not reach a dead node"
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral-sliding", "falcon-mqa"])

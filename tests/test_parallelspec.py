@@ -193,20 +193,24 @@ def test_a_one_pass_round_reads_the_device_once_for_every_row_and_draws_each_as_
     assert [len(t) for t in together] == [3, 2 + 2 + 2, 3, 2 + 4 + 4]
 
 
-def test_a_sampled_group_wider_than_q_draws_a_node_of_no_mass_that_is_never_accepted(target, drafter):
-    """top_k=1 leaves q_t one token: a group of two draws it, then a token of no mass (p̂ 0), and the
-    engine's output is still the target's (greedy-equivalent at top_k=1 on both sides)."""
+def test_a_sampled_group_keeps_only_the_draws_q_has_mass_for_and_drops_the_subtrees_of_the_rest(target, drafter):
+    """top_k leaves q_t fewer tokens than a group asks for: the draws past them (tokens of no mass,
+    which the verifier would always reject) are dropped with their subtrees, so the round drafts
+    only nodes q_t has mass for; with top_k=1 on both sides the output is still the target's."""
     from seed_tot.engine import speculative
     from seed_tot.engine.model_runtime import ModelRuntime
 
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=1)
     runtime = ModelRuntime(drafter)
-    trees = [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, [(2,)] * 4, params),
-                                                        drafter.config.vocab_size)]
-    for tree in trees:
-        first, second = tree.tokens[:2]
-        q = tree.q(0)
-        assert q[first] == 1.0 and (second == first or q[second] == 0)
+    vocab = drafter.config.vocab_size
+    # top_k=2 under widths (3, 2, 1): 2 root nodes, 2 children each, 1 grandchild each: 2 + 4 + 4
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=2)
+    for tree in [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, [(3, 2)] * 4, params), vocab)]:
+        assert len(tree) == 2 + 4 + 4
+        assert all(tree.q(n)[tree.tokens[n]] > 0 for n in range(len(tree)))
+        assert [tree.parents.count(-1), *(tree.parents.count(n) for n in range(2))] == [2, 2, 2]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=1)
+    for tree in [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, [(2, 2)] * 4, params), vocab)]:
+        assert tree.parents == [-1, 0, 1] and all(tree.q(n)[tree.tokens[n]] == 1.0 for n in range(3))
     engine = Engine(target, drafter)
     results = engine.generate([PROMPT], params, mode="seed", k_config=(2, 2), draft_policy="parallelspec")
     assert results[0].token_ids == reference_greedy(target, PROMPT, 8)

@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from test_sampling_lossless import SAMPLES, pair, sample_through_engine, tv, tv_bound  # noqa: F401 (pair: a fixture)
+from test_sampling_lossless import LENGTH, SAMPLES, SETTINGS, pair, sample_through_engine, tv, tv_bound  # noqa: F401 (pair: a fixture)
+from seed_tot import SamplingParams
 from seed_tot.engine.drafters import ParallelDrafter
 
 
@@ -22,4 +23,15 @@ def test_parallelspec_samples_follow_the_target_distribution(pair, mode, k_confi
     stats = [r.stats for r in results]
     forwards, rounds = sum(s.draft_forwards for s in stats), sum(s.verifications for s in stats)
     assert forwards == rounds if batch == 1 else forwards < rounds  # one draft forward a round (shared when batched)
+    assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+
+
+def test_parallelspec_drops_draws_past_q_and_keeps_the_target_distribution(pair, monkeypatch):
+    """top_k=2 under groups of three: q_1 holds two tokens, so each root group's third draw (a token
+    of no mass) is dropped with its subtree; the samples still follow the target."""
+    target, _ = pair
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
+    monkeypatch.setitem(SETTINGS, "narrow", SamplingParams(max_new_tokens=LENGTH, temperature=1.0, top_k=2))
+    results, exact = sample_through_engine(target, drafter, "narrow", "seed", (3, 2), None)
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)

@@ -150,11 +150,13 @@ def test_sampled_continuations_follow_the_target_distribution(pair, setting, mod
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < bound
 
 
-def test_sibling_groups_wider_than_q_follow_the_target_distribution(pair):
-    """top_k=2 with three siblings: every root group ends in a draw from a spent q (a token of no
-    mass, drawn on the device), which must leave the output's distribution exact."""
+@pytest.mark.parametrize("narrow", [dict(top_k=2), dict(temperature=1.3, top_p=0.8)])
+def test_sibling_groups_wider_than_q_follow_the_target_distribution(pair, narrow):
+    """Three siblings over a q of fewer tokens: top_k=2 keeps the groups two wide; under top_p, whose
+    support only the device knows, a group ends in draws from a spent q (tokens of no mass, drawn on
+    the device). Both must leave the output's distribution exact."""
     target, draft = pair
-    params = SamplingParams(max_new_tokens=LENGTH, temperature=1.0, top_k=2)
+    params = SamplingParams(max_new_tokens=LENGTH, **{"temperature": 1.0, **narrow})
     exact = exact_distribution(target, params)
     results = Engine(target, draft).generate([PROMPT] * SAMPLES, params, mode="mcsd", k_config=(3, 1), n_workers=8)
     assert sum(r.stats.accepted for r in results) > 0.05 * SAMPLES

@@ -1,7 +1,8 @@
 """`fixed`: today's k_config shapes, k_config[d] children per node at depth d+1.
 
-Sampled decoding draws each sibling group without replacement from q; greedy decoding takes the
-draft's top-`width` tokens, which are deterministic candidates (no q row is kept for them).
+Sampled decoding draws each sibling group without replacement from q (at most top_k wide when the
+params set one); greedy decoding takes the draft's top-`width` tokens, which are deterministic
+candidates (no q row is kept for them).
 Greedy picks and sampled draws stay on the device until the verification reads them with its one
 transfer (a read per draft step would make every draft step wait for the device).
 """
@@ -39,7 +40,13 @@ class FixedRound(DraftRound):
 
     def __init__(self, builder: TreeBuilder, k_config: tuple[int, ...]):
         self.b = builder
-        self.k_config = k_config[: max(1, builder.remaining)]  # no point drafting past the budget
+        k_config = k_config[: max(1, builder.remaining)]  # no point drafting past the budget
+        if not builder.params.greedy and builder.params.top_k > 0:
+            # q holds at most top_k tokens: a wider group's further draws would be tokens of no mass,
+            # which the verifier always rejects, drafted and scored for nothing (the width still
+            # depends on the params alone, so the tree's shape is known without reading q)
+            k_config = tuple(min(k, builder.params.top_k) for k in k_config)
+        self.k_config = k_config
         self.depth = 0
         self.level: list[int] = []
 

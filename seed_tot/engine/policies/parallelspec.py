@@ -2,9 +2,9 @@
 
 The round feeds the tokens the drafter's cache has not seen followed by MASK_1..MASK_m (a chain,
 m = depth - 1). The output at the last real token is q_1 and the output at MASK_j is q_{j+1};
-depth-t nodes of the tree are drawn from q_t (sampled: each sibling group draws `width` tokens
-without replacement from q_t, the verifier gets that q_t; greedy: the top-`width` tokens of q_t,
-deterministic candidates). q_t does not depend on which depth-(t-1) token was drafted, which is
+depth-t nodes of the tree are drawn from q_t (sampled: each sibling group draws `width` tokens, or
+as many as q_t holds, without replacement from q_t, the verifier gets that q_t; greedy: the
+top-`width` tokens of q_t, deterministic candidates). q_t does not depend on which depth-(t-1) token was drafted, which is
 what makes one forward enough; the verifier needs only that each candidate was drawn from the q it
 is given, so the round is lossless. A one-pass round's levels are drawn on the device for every row
 of the batch at once and read back with one transfer (`_draw_levels`): the cut below weighs them on
@@ -225,7 +225,10 @@ class ParallelSpecRound(DraftRound):
         b, params, depth = self.b, self.b.params, len(self.levels)
         level, frontier, nodes = [], [], []
         parent_nodes = self.level_nodes[-1] if self.level_nodes else [-1]
-        for slot, (rows, anchor, pp) in enumerate(self.frontier):
+        for slot, slot_frontier in enumerate(self.frontier):
+            if slot_frontier is None:  # a dead node's slot: it has no children
+                continue
+            rows, anchor, pp = slot_frontier
             row = rows[depth - anchor]
             if self.drawn is not None:
                 picks = self.drawn[depth][slot]
@@ -238,7 +241,12 @@ class ParallelSpecRound(DraftRound):
                 n = min(self.widths[depth], int((q > 0).sum()))
                 expected = float((q * q).sum())  # the level's expected q: never its own draws (module doc)
                 picks = [(tok, q, expected) for tok in multinomial(q, n, b.seq.generator).tolist()]
-            for tok, q, p in picks:
+            for pick in picks:
+                if pick is None:  # dead: never accepted, so neither it nor its subtree is verified; its
+                    nodes.append(None)  # slot stays, so the next level's groups keep their positions
+                    frontier.append(None)
+                    continue
+                tok, q, p = pick
                 level.append((slot, tok, q, pp * p))
                 nodes.append(b.add(parent_nodes[slot], tok, q, pp * p))
                 frontier.append((rows, anchor, pp * p))
@@ -264,8 +272,9 @@ class ParallelSpecRound(DraftRound):
         softmax); sampled, drawn without replacement by inverse CDF at float64 uniforms the row draws
         from its own generator (q processed together per params; p the level's expected q), so a row's
         draws depend on nothing but the row. A group that asks for more tokens than q_t holds draws,
-        once q is spent, a token of no mass, which the verifier rejects with its residual unchanged:
-        the tree keeps its widths' shape whatever q is."""
+        once q is spent, tokens of no mass; the transfer brings each group's support size too, and
+        those draws are dropped with their subtrees (the verifier would always reject them, so the
+        output is the same, and the round neither prices nor scores them)."""
         vocab = rounds[0].b.vocab_size  # one engine's rows: one vocabulary
         q_rows = [x[-len(r.widths):] for r, x in zip(rounds, logits)]  # per round: q_1.. after its masks
         greedy = [j for j, r in enumerate(rounds) if r.b.params.greedy]
@@ -299,7 +308,8 @@ class ParallelSpecRound(DraftRound):
             tokens = draw_without_replacement(q_groups, u)
             # p̂: the level's expected q, never its own draws (module doc), for every node of a group
             ps = (q_groups * q_groups).sum(-1, keepdim=True).expand(-1, s_width)
-            parts += [tokens.double().flatten(), ps.double().flatten()]
+            support = (q_groups > 0).sum(-1)  # a group's draws past it are tokens of no mass
+            parts += [tokens.double().flatten(), ps.double().flatten(), support.double()]
         values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
         at = 0
         if greedy:
@@ -315,7 +325,7 @@ class ParallelSpecRound(DraftRound):
                 rounds[j].drawn = levels
         if sampled:
             n = len(index) * s_width
-            drawn, p = values[at: at + n], values[at + n: at + 2 * n]
+            drawn, p, support = values[at: at + n], values[at + n: at + 2 * n], values[at + 2 * n:]
             group, first = 0, 0
             for j in order:
                 widths, levels = rounds[j].widths, []
@@ -323,8 +333,9 @@ class ParallelSpecRound(DraftRound):
                     q_t = q[first + d]  # one object per level: its groups share one q row in the tree
                     level = []
                     for _ in range(n_slots):
+                        # draws past q_t's support (the group's last ones) are dead: None (`_grow`)
                         level.append([(int(drawn[group * s_width + c]), q_t, p[group * s_width + c])
-                                      for c in range(w)])
+                                      if c < support[group] else None for c in range(w)])
                         group += 1
                     levels.append(level)
                 rounds[j].drawn = levels
@@ -369,7 +380,7 @@ class ParallelSpecRound(DraftRound):
             kept = (self._cut(levels, self.priced_rows, level_by_level=not b.params.greedy)
                     if self.costs is not None else len(levels))
         # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
-        nodes = [n for level in self.level_nodes[:kept] for n in level]
+        nodes = [n for level in self.level_nodes[:kept] for n in level if n is not None]
         if self.lookup:
             # it shares only kept picked nodes: never one the cut dropped, never a sampled one (prompt_lookup.py)
             picked = [n for n in nodes if b.q_index[n] == DETERMINISTIC]
