@@ -193,6 +193,24 @@ def test_a_one_pass_round_reads_the_device_once_for_every_row_and_draws_each_as_
     assert [len(t) for t in together] == [3, 2 + 2 + 2, 3, 2 + 4 + 4]
 
 
+def test_a_greedy_row_picks_among_tied_logits_what_it_picks_alone(target):
+    """torch.topk orders tied values differently for different k: rows of different widths batched
+    together must still pick, level by level, exactly what each picks alone."""
+    from seed_tot.engine import speculative
+    from seed_tot.engine.model_runtime import ModelRuntime
+    from test_device_picks import tied
+
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(tied(target), n_masks=3, n_layers=1).eval()  # every token ties its even neighbour
+    runtime = ModelRuntime(drafter)
+    vocab = drafter.config.vocab_size
+    widths = [(1,), (2, 1), (1,), (3, 2)]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    together = [tree for tree, _ in speculative.draft_rows(runtime, _ps_rows(drafter, widths, params), vocab)]
+    alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in _ps_rows(drafter, widths, params)]
+    assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
+
+
 def test_a_sampled_group_keeps_only_the_draws_q_has_mass_for_and_drops_the_subtrees_of_the_rest(target, drafter):
     """top_k leaves q_t fewer tokens than a group asks for: the draws past them (tokens of no mass,
     which the verifier would always reject) are dropped with their subtrees, so the round drafts

@@ -80,19 +80,23 @@ class FixedRound(DraftRound):
                   hidden: list[torch.Tensor | None]) -> list[Feed | None]:
         """Every row's next level, chosen on the device and left there (the next draft forward takes the
         tokens as they are; the verification reads them with its one transfer): greedy rows' picks in
-        one top-k, sampled rows' draws together (`_draw`). A row's tokens are its own logits' (and its
-        own generator's), whatever shares the batch."""
+        one top-k per width, sampled rows' draws together (`_draw`). A row's tokens are its own
+        logits' (and its own generator's), whatever shares the batch."""
         greedy = [i for i, r in enumerate(rounds) if r.b.params.greedy]
         sampled = [i for i, r in enumerate(rounds) if not r.b.params.greedy]
         drawn: dict[int, tuple] = {}
-        if greedy:
-            vocab = rounds[greedy[0]].b.vocab_size  # one engine's rows: one vocabulary
-            frontiers = [[node_logits[:vocab] for _, node_logits in rounds[i]._frontier(logits[i])] for i in greedy]
-            width = max(rounds[i].k_config[rounds[i].depth] for i in greedy)
+        by_width: dict[int, list[int]] = {}
+        for i in greedy:
+            by_width.setdefault(rounds[i].k_config[rounds[i].depth], []).append(i)
+        for width, members in by_width.items():
+            # one top-k per width: torch.topk orders tied logits differently for different k, so a row
+            # picks what it picks alone only under its own k
+            vocab = rounds[members[0]].b.vocab_size  # one engine's rows: one vocabulary
+            frontiers = [[node_logits[:vocab] for _, node_logits in rounds[i]._frontier(logits[i])] for i in members]
             picked = torch.topk(torch.stack([x for f in frontiers for x in f]).float(), width).indices
             at = 0
-            for i, f in zip(greedy, frontiers):
-                drawn[i] = (picked[at: at + len(f), : rounds[i].k_config[rounds[i].depth]].reshape(-1), None)
+            for i, f in zip(members, frontiers):
+                drawn[i] = (picked[at: at + len(f)].reshape(-1), None)
                 at += len(f)
         if sampled:
             drawn.update(zip(sampled, cls._draw([rounds[i] for i in sampled], [logits[i] for i in sampled])))

@@ -280,9 +280,11 @@ class ParallelSpecRound(DraftRound):
         greedy = [j for j, r in enumerate(rounds) if r.b.params.greedy]
         sampled = [j for j, r in enumerate(rounds) if not r.b.params.greedy]
         parts: list[torch.Tensor] = []
-        if greedy:
-            g_width = max(max(rounds[j].widths) for j in greedy)
-            top = torch.topk(torch.softmax(torch.cat([q_rows[j] for j in greedy])[:, :vocab].float(), -1), g_width)
+        by_width: dict[int, list[int]] = {}  # one top-k per k: torch.topk orders ties differently for another k
+        for j in greedy:
+            by_width.setdefault(max(rounds[j].widths), []).append(j)
+        for g_width, members in by_width.items():
+            top = torch.topk(torch.softmax(torch.cat([q_rows[j] for j in members])[:, :vocab].float(), -1), g_width)
             parts += [top.indices.double().flatten(), top.values.double().flatten()]
         if sampled:
             q, at_order = process_by_params([q_rows[j] for j in sampled], [rounds[j].b.params for j in sampled], vocab)
@@ -312,11 +314,11 @@ class ParallelSpecRound(DraftRound):
             parts += [tokens.double().flatten(), ps.double().flatten(), support.double()]
         values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one transfer
         at = 0
-        if greedy:
-            n = top.indices.numel()
-            picked, p = values[:n], values[n: 2 * n]
-            at, row = 2 * n, 0
-            for j in greedy:
+        for g_width, members in by_width.items():
+            n = sum(len(rounds[j].widths) for j in members) * g_width
+            picked, p = values[at: at + n], values[at + n: at + 2 * n]
+            at, row = at + 2 * n, 0
+            for j in members:
                 levels = []
                 for n_slots, w in zip(_groups(rounds[j].widths), rounds[j].widths):
                     picks = [(int(picked[row * g_width + c]), None, p[row * g_width + c]) for c in range(w)]
