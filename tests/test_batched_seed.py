@@ -221,8 +221,9 @@ def test_on_one_forward_thread_concurrent_calls_merge_into_one_group_of_rows(set
 
 
 def test_fixed_rounds_stepped_together_draft_each_row_what_it_drafts_alone(setup, monkeypatch):
-    """FixedRound.step_rows reads every greedy row's top tokens with one top-k for the batch: each row
-    still gets the tree its own round drafts alone, also beside rows of another k_config."""
+    """FixedRound.step_rows reads every greedy row's top tokens with one top-k per width in the batch
+    (not per row or node): each row still gets the tree its own round drafts alone, also beside rows
+    of another k_config."""
     _, draft = setup
     runtime = ModelRuntime(draft)
     params = SamplingParams(max_new_tokens=MAX_NEW, temperature=0)
@@ -241,4 +242,5 @@ def test_fixed_rounds_stepped_together_draft_each_row_what_it_drafts_alone(setup
     monkeypatch.setattr(torch, "topk", lambda *a, **k: topks.append(1) or real_topk(*a, **k))
     together = [tree for tree, _ in speculative.draft_rows(runtime, rows(), vocab)]
     assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
-    assert len(topks) == 3  # one per draft step for all five rows (depth 3), not one per row or node
+    # per draft step, one per width among the five rows: (2, 1) at depths 1 and 2, (1,) at depth 3
+    assert len(topks) == 2 + 2 + 1
