@@ -26,6 +26,37 @@ def decode_setting(setting: str):
 parse_k_config = decode_setting("k_config")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_device(ctx, param, value):
+    """A click callback: --device as torch will take it, or a usage error. Left to the engine, a
+    typo or a GPU this machine lacks is a torch traceback after the tokenizer has loaded."""
+    if value is None or value == "auto":
+        return value
+    import torch  # only when the command runs: --help stays torch-free
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise click.BadParameter(f"{value!r} is not a device; expected cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise click.BadParameter(f"{value!r}: this machine has no CUDA GPU that torch can use; pass cpu or auto")
+        if device.index is not None and device.index >= count:
+            raise click.BadParameter(f"{value!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return value
+
+
+def check_dtype(ctx, param, value):
+    """A click callback: --dtype one of DTYPES, or a usage error (the engine looks the name up on
+    torch, so a typo was an AttributeError traceback after the tokenizer had loaded)."""
+    if value is not None and value not in DTYPES:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(DTYPES)}")
+    return value
+
+
 def model_options(fn):
     """--target/--draft/... shared by every command that loads models."""
     for option in reversed([
@@ -35,8 +66,8 @@ def model_options(fn):
                                                    "layers; 'self' names those layers; 'lookup': no draft model, drafts by "
                                                    "prompt lookup)."),
         click.option("--draft-layers", default=4, show_default=True, help="Depth of the layer-truncated self-draft."),
-        click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto (a GPU when there is one)."),
-        click.option("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU). Greedy output is "
+        click.option("--device", default="auto", show_default=True, callback=check_device, help="cpu, cuda, cuda:N or auto (a GPU when there is one)."),
+        click.option("--dtype", default=None, callback=check_dtype, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU). Greedy output is "
                      "token-identical across modes in float32; in half precision a forward's rounding "
                      "depends on its batch shape (README, 'Numerics')."),
     ]):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from seed_tot.cli_options import check_device, check_dtype
+
 from .samples import DATA_FILE
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,8 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
               help="Group anchors per sequence and step (drawn from the response positions).")
 @click.option("--context", type=click.IntRange(min=1), default=256, show_default=True, help="Prompt tokens kept per sample.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True, help="Learning rate.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto (a GPU when there is one).")
-@click.option("--dtype", default=None, help="float32 (default on CPU), bfloat16, float16.")
+@click.option("--device", default="auto", show_default=True, callback=check_device, help="cpu, cuda, cuda:N or auto (a GPU when there is one).")
+@click.option("--dtype", default=None, callback=check_dtype, help="float32 (default on CPU), bfloat16, float16.")
 @click.option("--draft-vocab", "vocab_size", type=click.IntRange(min=0), default=DEFAULT_VOCAB, show_default=True,
               help="Train and draft over only the N tokens most frequent in the target's responses (FR-Spec; 0: all tokens).")
 @click.option("--vocab-examples", type=click.IntRange(min=0), default=8000, show_default=True,
