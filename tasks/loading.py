@@ -117,8 +117,15 @@ def _check_text(file: Path, text_field: str) -> list[int]:
 def read_jsonl(file: str | Path, required: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a bad line is a DataError naming file and line."""
     out = []
-    with Path(file).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    # read as bytes and decode line by line: a text-mode iterator raises UnicodeDecodeError with
+    # neither the file nor the line, for a file saved in another encoding
+    with Path(file).open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{file}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                                f"{err.start + 1}); expected one JSON object per line, saved as UTF-8") from None
             if not line.strip():
                 continue
             try:

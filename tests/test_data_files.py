@@ -101,3 +101,19 @@ def test_bad_limit_or_offset_is_an_error(tmp_path: Path, args: list[str], words:
 def test_offset_past_generated_instances_is_an_error(tmp_path: Path):
     out = fails("solve", "blocksworld", "--offset", "10", "--output", str(tmp_path / "o"))
     assert "no problems to solve" in out and "--offset 10" in out
+
+
+def test_a_data_file_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes((GSM8K_LINES[0] + "\n" + '{"question": "caf\xe9", "answer": "#### 1"}\n').encode("latin-1"))
+    with pytest.raises(DataError, match=rf"{bad}:2: not UTF-8 text \(byte 0xe9 at column 18\)"):
+        get_task("gsm8k").load(str(bad))
+    assert f"{bad}:2: not UTF-8 text" in fails("solve", "gsm8k", "--data", str(bad), "--output", str(tmp_path / "o"))
+
+
+def test_a_predictions_file_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(GSM8K_LINES[0] + "\n")
+    bad = tmp_path / "preds.jsonl"
+    bad.write_bytes('{"id": "0", "prediction": "12\xa0"}\n'.encode("latin-1"))
+    assert f"{bad}:1: not UTF-8 text" in fails("score", "gsm8k", "--data", str(data), "--predictions", str(bad))
