@@ -243,6 +243,41 @@ def test_bad_config_names_the_file_and_the_key(tmp_path: Path, text: str, words:
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize("text, where, words", [
+    ("depth: 3\nbreadth: [1, 2\n", ":3:1:", ["not valid YAML", "expected ',' or ']'"]),
+    ("depth: 2\n  breadth: 3\n", ":2:10:", ["mapping values are not allowed here"]),
+])
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path, text: str, where: str, words: list[str]):
+    file = tmp_path / "bad.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(file)
+    assert str(err.value).startswith(f"{file}{where} not valid YAML (")
+    assert "<unicode string>" not in str(err.value)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("depth: 2\nbreadth: 1\ndepth: 6\n", ":3:1:"),
+    ("extra: {value_max_new_tokens: 3, value_max_new_tokens: 5}\n", ":1:34:"),
+])
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path, text: str, where: str):
+    file = tmp_path / "twice.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(file, base=SearchConfig(extra={"value_max_new_tokens": 8}))
+    key = "value_max_new_tokens" if "extra" in text else "depth"
+    assert str(err.value).startswith(f"{file}{where} not valid YAML (key '{key}' on line 1; key '{key}' again")
+
+
+def test_a_config_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
+    file = tmp_path / "latin1.yaml"
+    file.write_bytes("depth: 2\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"{file}:2: not UTF-8 text"):
+        load_settings(file)
+
+
 def test_unknown_override_is_an_error():
     with pytest.raises(ConfigError, match="command line.*'widht'"):
         apply_overrides(RunSettings(), widht=3)

@@ -14,7 +14,7 @@ import warnings
 from importlib import resources
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import yaml
 
@@ -182,6 +182,25 @@ def shipped_config(task_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last value silently, so `depth: 2` above a forgotten `depth: 6` would run depth 6."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader's own construct_mapping refuses it with its mark
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    f"key {key!r} on line {seen[key]}", node.start_mark,
+                    f"key {key!r} again; give each key once", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_settings(path: str | Path | None, base: SearchConfig | None = None, task_name: str | None = None) -> RunSettings:
     """Settings from `base` (the task's own config; SearchConfig() when None) and the YAML file at
     `path` (None: no file). Raises ConfigError naming the file and key for any bad value, for an
@@ -195,8 +214,17 @@ def load_settings(path: str | Path | None, base: SearchConfig | None = None, tas
         text = file.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{file}: cannot read the config file ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        line = file.read_bytes().count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{file}:{line}: not UTF-8 text; save the config file as UTF-8") from None
     try:
-        values = yaml.safe_load(text)
+        values = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as err:
+        # yaml's own text names "<unicode string>" for the file; say the file, line and column
+        mark = err.problem_mark or err.context_mark
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(file)
+        what = "; ".join(part for part in (err.context, err.problem) if part)
+        raise ConfigError(f"{where}: not valid YAML ({what})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{file}: not valid YAML: {err}") from None
     if values is None:
