@@ -143,3 +143,11 @@ def test_a_solves_policy_options_reach_the_engine_without_a_policy_name():
     caller = LLMCaller(engine, DecodingSettings(DecodeSpec(policy_options={"cut": "none"})))
     caller.complete([Prompt("q")], "thought")
     assert engine.spec.options == {"cut": "none"} and engine.spec.draft_policy is None
+
+
+def test_the_readme_gives_bench_the_mode_spec_syntax_its_parser_takes():
+    from seed_tot.bench import SPEC_SYNTAX
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shown = set(re.findall(r"`(MODE\[[^`]*)`", readme))
+    assert shown == {SPEC_SYNTAX}
