@@ -151,3 +151,32 @@ def test_the_readme_gives_bench_the_mode_spec_syntax_its_parser_takes():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shown = set(re.findall(r"`(MODE\[[^`]*)`", readme))
     assert shown == {SPEC_SYNTAX}
+
+
+def _reader_trips(doc: Path) -> list[str]:
+    """What goes wrong when a reader runs a doc's `solve` and `view` commands in the order written:
+    a solve into an --output that an earlier command filled (refused without --resume; with it, two
+    data sets in one results.jsonl), or a view of a directory no earlier command wrote."""
+    # the quick start chains its solve after `pip install ... &&`
+    text = doc.read_text(encoding="utf-8").replace("&& seed-tot ", "\nseed-tot ")
+    written: dict[Path, tuple] = {}
+    trips = []
+    for command in _block_commands(text):
+        ctx = _parse(command)
+        p = ctx.params
+        if ctx.info_name == "solve":
+            out, source = Path(p["output"]), (p["task_name"], p["data"])
+            if out in written and not p["resume"]:
+                trips.append(f"{command}: {out} already holds an earlier command's results (needs its own --output)")
+            elif out in written and written[out] != source:
+                trips.append(f"{command}: resumes {out}, which holds {written[out]}")
+            written.setdefault(out, source)
+        elif ctx.info_name == "view":
+            trips += [f"{command}: no earlier command writes {run}" for run in map(Path, p["run_dirs"])
+                      if run not in written]
+    return trips
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
+def test_a_reader_running_the_documented_solves_in_order_meets_no_refusal(doc):
+    assert _reader_trips(doc) == []
