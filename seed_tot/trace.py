@@ -62,16 +62,18 @@ class GpuSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        import torch
+
+        # asked first: on a machine without a GPU, installing nvidia-ml-py would change nothing
+        if not torch.cuda.is_available():
+            self.unavailable = "no CUDA device"
+            return
         try:
             import pynvml
         except ImportError:
             self.unavailable = "pynvml is not installed (pip install nvidia-ml-py)"
             return
         try:
-            import torch
-            if not torch.cuda.is_available():
-                self.unavailable = "no CUDA device"
-                return
             pynvml.nvmlInit()
             handle = _nvml_handle(pynvml, torch)
             self.device_name = str(pynvml.nvmlDeviceGetName(handle))

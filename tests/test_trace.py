@@ -95,9 +95,18 @@ def test_without_a_gpu_the_trace_says_sampling_is_unavailable(tmp_path, engine, 
 
 
 def test_without_pynvml_sampling_is_unavailable_not_an_error(tmp_path, engine, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine that lacks only pynvml
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
     recorder, path = _record(tmp_path, engine, modes=("ar",))
-    assert "pynvml" in json.loads(path.read_text())["otherData"]["gpu_sampling"]
+    assert "pip install nvidia-ml-py" in json.loads(path.read_text())["otherData"]["gpu_sampling"]
+
+
+def test_without_a_gpu_the_trace_does_not_ask_for_pynvml(tmp_path, engine, no_gpu, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # a CPU machine: pynvml is usually absent too
+    with caplog.at_level(logging.WARNING, logger="seed_tot.trace"):
+        recorder, path = _record(tmp_path, engine, modes=("ar",))
+    assert json.loads(path.read_text())["otherData"]["gpu_sampling"] == "unavailable: no CUDA device"
+    assert "pynvml" not in caplog.text and "pynvml" not in recorder.written()
 
 
 def _fake_pynvml(util: int = 73, used_mib: int = 2048) -> types.ModuleType:

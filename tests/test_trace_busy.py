@@ -2,8 +2,6 @@
 over the mode's runs), and --trace names every file it wrote and why gpu.csv can be empty."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from seed_tot.bench import ModeReport, ModeSpec, RunOutput, summarize_reports
@@ -63,14 +61,14 @@ def test_each_panel_title_carries_the_tables_target_busy(tmp_path, monkeypatch):
 
 def test_trace_names_the_png_and_the_csv_and_says_why_the_csv_is_empty(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: as on a machine without a GPU
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a machine without a GPU
     recorder = _recorder_of_runs(tmp_path)
     recorder.start()
     recorder.finish()
     line = recorder.written()
     for name in ("trace.json", "utilization.png", "gpu.csv"):
         assert str(tmp_path / name) in line
-    assert "gpu.csv (header only: no GPU sampled, pynvml is not installed" in line
+    assert "gpu.csv (header only: no GPU sampled, no CUDA device)" in line
 
 
 def test_a_csv_with_gpu_samples_is_not_called_empty(tmp_path):
