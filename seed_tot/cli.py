@@ -183,6 +183,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     package.module:ClassName; or a name an installed package registers under the `seed_tot.tasks`
     entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
+    from seed_tot.search.run_identity import check_resumed_run, run_identity
 
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
     given = [name for name, value in ray_only.items() if value is not None]
@@ -200,6 +201,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
                                draft_batch=draft_batch, seed=seed,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
+    if resume and results.is_file() and results.stat().st_size > 0:  # other settings: refused before loading models
+        check_resumed_run(output, run_identity(task.name, settings.to_dict(), settings.algorithm))
     if ray_address is not None:
         start = time.perf_counter()
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,

@@ -80,6 +80,17 @@ def test_resume_skips_finished_ids_and_drops_a_truncated_line(tmp_path, tiny_mod
     assert ids == [first[0]["id"], "1"]
 
 
+def test_resume_with_another_mode_is_refused_before_any_model_loads(tmp_path, tiny_model_dirs):
+    """--resume --mode seed over records made in ar would label them all seed in summary.json."""
+    target, draft = tiny_model_dirs
+    _, out_dir = _solve(tmp_path, target, draft, "ar", "ar-run")
+    msg = fails("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "2", "--mode", "seed",
+                "--target", str(tmp_path / "no-such-model"), "--temperature", "0", "--max-new-tokens", "10",
+                "--output", str(out_dir), "--resume")
+    assert "mode: 'ar' there, 'seed' now" in msg and "no-such-model" not in msg  # refused before loading
+    assert len((out_dir / "results.jsonl").read_text().splitlines()) == 1
+
+
 def test_existing_results_without_resume_is_refused(tmp_path, tiny_model_dirs):
     target, draft = tiny_model_dirs
     _, out_dir = _solve(tmp_path, target, draft, "ar", "again")

@@ -330,13 +330,16 @@ def test_existing_results_without_resume_is_an_error(tmp_path: Path):
         run(tmp_path)
 
 
-def test_resume_after_an_interrupt_solves_each_example_once(tmp_path: Path):
-    class InterruptedOnSecond(ToyTask):
-        def thought_prompt(self, example: Example, state: State) -> Prompt:
-            if example.id == "e2":
-                raise KeyboardInterrupt
-            return super().thought_prompt(example, state)
+class InterruptedOnSecond(ToyTask):
+    """A run that Ctrl-C stops at its second problem."""
 
+    def thought_prompt(self, example: Example, state: State) -> Prompt:
+        if example.id == "e2":
+            raise KeyboardInterrupt
+        return super().thought_prompt(example, state)
+
+
+def test_resume_after_an_interrupt_solves_each_example_once(tmp_path: Path):
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, InterruptedOnSecond())
     assert [r["id"] for r in read_lines(tmp_path)] == ["e1"]
@@ -364,6 +367,40 @@ def test_resume_rejects_corruption_before_the_last_line(tmp_path: Path):
     path.write_text("garbage\n" + "".join(lines))
     with pytest.raises(ResultsFileError, match="results.jsonl:1"):
         run(tmp_path, resume=True)
+
+
+def test_resume_with_other_settings_is_refused_naming_each_difference(tmp_path: Path):
+    """A resumed run's records would be appended beside the old ones and summarised under its
+    settings: another mode or search shape is refused, naming what differs; the same settings
+    from another file resume."""
+    run(tmp_path)
+    task = ToyTask()
+    changed = apply_overrides(load_settings(None, base=task.config), mode="ar", max_new_tokens=7)
+    with pytest.raises(ResultsFileError) as err:
+        solve_dataset(ScriptedEngine(TWO_STEP), task, EXAMPLES, settings=changed, output_dir=tmp_path, resume=True)
+    message = str(err.value)
+    assert "run.json" in message and "mode: 'seed' there, 'ar' now" in message
+    assert "search.max_new_tokens" in message and "k_config" not in message
+    assert len(read_lines(tmp_path)) == 3  # nothing appended
+    same = dataclasses.replace(load_settings(None, base=task.config), source="elsewhere.yaml")
+    assert solve_dataset(ScriptedEngine(TWO_STEP), task, EXAMPLES, settings=same, output_dir=tmp_path,
+                         resume=True)["n"] == 3
+
+
+def test_a_run_interrupted_before_its_summary_still_refuses_other_settings(tmp_path: Path):
+    """run.json is written before the first record, so a run killed before summary.json exists is
+    protected too; a directory from before run.json is checked against summary.json's settings."""
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, InterruptedOnSecond())
+    assert not (tmp_path / "summary.json").exists() and (tmp_path / "run.json").is_file()
+    task = ToyTask()
+    dfs = dataclasses.replace(load_settings(None, base=task.config), algorithm="dfs")
+    with pytest.raises(ResultsFileError, match="algorithm: 'bfs' there, 'dfs' now"):
+        solve_dataset(ScriptedEngine(TWO_STEP), task, EXAMPLES, settings=dfs, output_dir=tmp_path, resume=True)
+    run(tmp_path, resume=True)
+    (tmp_path / "run.json").unlink()  # as a directory written before run.json existed
+    with pytest.raises(ResultsFileError, match="summary.json"):
+        solve_dataset(ScriptedEngine(TWO_STEP), task, EXAMPLES, settings=dfs, output_dir=tmp_path, resume=True)
 
 
 def test_dfs_through_solve_dataset(tmp_path: Path):

@@ -1,8 +1,9 @@
 """Run a search over a dataset: one JSON line per problem as it finishes, then a summary.
 
 results.jsonl is flushed and fsynced after every problem, so a killed run loses at most the
-problem in flight; `resume=True` picks up after the last complete line. The summary covers every
-requested problem in results.jsonl, those solved before a resume included.
+problem in flight; `resume=True` picks up after the last complete line, if the records were made
+with the same settings (run.json, run_identity.py). The summary covers every requested problem in
+results.jsonl, those solved before a resume included.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .expansion import SearchResult, state_to_json
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
+from .run_identity import RUN_FILE, check_resumed_run, run_identity, write_run_identity
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +121,18 @@ class ResultsRecorder:
     """
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
-                 output_dir: str | Path, resume: bool):
+                 output_dir: str | Path, resume: bool, models: dict[str, str] | None = None):
         self.task, self.settings, self.algorithm = task, settings, algorithm
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
         self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
+        # records made with other settings must not be appended to and summarised as these (run_identity.py)
+        identity = run_identity(task.name, settings.to_dict(), algorithm, models)
+        if self.done:
+            check_resumed_run(self.out, identity)
+        if not self.done or not (self.out / RUN_FILE).is_file():
+            write_run_identity(self.out, identity)
         # Two different problems with one id would share one results line: refuse rather than
         # skip one. The very same problem listed twice is solved once.
         first: dict[tuple[str, str], int] = {}
@@ -188,10 +196,7 @@ class ResultsRecorder:
     def write_summary(self, engine: Any = None) -> dict[str, Any]:
         settings = self.settings
         summary = summarize_records(self.records())
-        for role in ("target", "draft"):  # the model pair, for the run header of `seed-tot view`
-            name = getattr(engine, f"{role}_name", None)
-            if isinstance(name, str):
-                summary[role] = name
+        summary.update(model_names(engine))  # the model pair, for the run header of `seed-tot view`
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path)})
@@ -201,6 +206,12 @@ class ResultsRecorder:
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         log.info("%s: %d problems, summary in %s", self.task.name, summary["n"], self.out / SUMMARY_FILE)
         return summary
+
+
+def model_names(engine: Any) -> dict[str, str]:
+    """role -> the engine's model name, for the roles it names (a wrapped or fake engine may not)."""
+    names = {role: getattr(engine, f"{role}_name", None) for role in ("target", "draft")}
+    return {role: name for role, name in names.items() if isinstance(name, str)}
 
 
 def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Example], *, settings: RunSettings,
@@ -219,7 +230,7 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
         raise ValueError(f"concurrency must be a positive number of problems, got {concurrency}")
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume) as recorder:
+                         resume=resume, models=model_names(engine)) as recorder:
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:

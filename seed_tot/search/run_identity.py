@@ -1,0 +1,101 @@
+"""OUTPUT/run.json: what a results directory's records were made with, so that --resume cannot mix
+records of two runs.
+
+A record (results.jsonl) carries its problem's outcome and figures but not the settings that made
+it; summary.json has them, but only once a run ends. So the first run writes run.json before its
+first record (task, the settings as summary.json writes them, the model pair when known), and a
+resumed run must match it: a resume with another mode, k_config, search shape or model would
+otherwise append its records beside the old ones and write a summary that labels all of them with
+the new settings. A directory without run.json (written before it existed) is checked against
+summary.json's settings when there is one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .results_file import ResultsFileError
+
+RUN_FILE = "run.json"
+# where the settings came from, not what they are: the same settings from another file resume fine
+_PROVENANCE = ("source", "task")
+
+
+def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
+                 models: dict[str, str] | None = None) -> dict[str, Any]:
+    """The identity a run's records share (`settings`: RunSettings.to_dict(); `algorithm`: the one
+    the run resolved; `models`: role -> model name, None when the caller does not know them)."""
+    kept = {k: v for k, v in settings.items() if k not in _PROVENANCE}
+    kept["algorithm"] = algorithm
+    identity: dict[str, Any] = {"task": task_name, "settings": kept}
+    if models:
+        identity["models"] = dict(models)
+    return identity
+
+
+def check_resumed_run(output_dir: str | Path, identity: dict[str, Any]) -> None:
+    """Raise ResultsFileError, naming every setting that differs and the file it was read from, when
+    `identity` is not the one the directory's records were made with. Models are compared only when
+    both sides name them."""
+    out = Path(output_dir)
+    recorded, source = _recorded(out)
+    if recorded is None:
+        return
+    differences = _differences(_flat({"task": recorded.get("task"), **recorded.get("settings", {})}),
+                               _flat({"task": identity["task"], **identity["settings"]}))
+    if "models" in recorded and "models" in identity:
+        differences += _differences(_flat(recorded["models"]), _flat(identity["models"]))
+    if differences:
+        listed = "; ".join(f"{key}: {old!r} there, {new!r} now" for key, old, new in differences)
+        raise ResultsFileError(f"{source}: the records in {out} were made with other settings ({listed}); "
+                               f"resume with the same settings, or pass another --output")
+
+
+def write_run_identity(output_dir: str | Path, identity: dict[str, Any]) -> None:
+    path = Path(output_dir) / RUN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(identity, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)  # whole or absent: a half-written run.json would refuse every resume
+
+
+def _recorded(out: Path) -> tuple[dict[str, Any] | None, Path]:
+    """The identity on disk (run.json, else the one summary.json implies) and the file it came from."""
+    run_file, summary_file = out / RUN_FILE, out / "summary.json"
+    if run_file.is_file():
+        return _read(run_file), run_file
+    if summary_file.is_file():
+        summary = _read(summary_file)
+        if isinstance(summary.get("settings"), dict):
+            settings = {**summary["settings"], "algorithm": summary.get("algorithm", summary["settings"].get("algorithm"))}
+            models = {role: summary[role] for role in ("target", "draft") if isinstance(summary.get(role), str)}
+            return run_identity(summary.get("task"), settings, settings["algorithm"], models or None), summary_file
+    return None, run_file
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ResultsFileError(f"{path}: cannot read what this run was made with ({err}); "
+                               f"restore or remove the file, then resume") from None
+    if not isinstance(value, dict):
+        raise ResultsFileError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"search": {"depth": 4}} -> {"search.depth": 4}; lists and tuples compare as lists (JSON's)."""
+    flat: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, name + "."))
+        else:
+            flat[name] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if json.dumps(old.get(key), default=str) != json.dumps(new.get(key), default=str)]
