@@ -236,9 +236,10 @@ def accept_row(job: tuple[Sequence, DraftTree, dict[int, int]], row: ScoredRow, 
     seq.stats.target_forwards += 1 / row.rows
     seq.stats.target_query_tokens += n_p + len(tree)
     seq.stats.target_busy_s += row.busy_s / row.rows
-    seq.stats.accepted += len(acc.path)
     commit_draft(seq, acc, node_entry)
-    seq.append(acc.tokens)
+    kept = seq.append(acc.tokens)
+    # drafts accepted past a stop (EOS, a stop string, the budget) are dropped with it: not counted
+    seq.stats.accepted += min(len(acc.path), kept)
     return acc
 
 
