@@ -184,6 +184,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
     from seed_tot.search.run_identity import check_resumed_run, run_identity
+    from seed_tot.search.solve import summarize_finished_run
 
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
     given = [name for name, value in ray_only.items() if value is not None]
@@ -201,8 +202,15 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
                                draft_batch=draft_batch, seed=seed,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
+    start = time.perf_counter()
     if resume and results.is_file() and results.stat().st_size > 0:  # other settings: refused before loading models
         check_resumed_run(output, run_identity(task.name, settings.to_dict(), settings.algorithm))
+        summary = summarize_finished_run(task, examples, settings, output)
+        if summary is not None:  # every problem already solved: no model to load, no Ray cluster to start
+            if view_page:
+                write_run_page(output, task)
+            _echo_summary(summary, output, as_json, time.perf_counter() - start)
+            return
     if ray_address is not None:
         start = time.perf_counter()
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,

@@ -91,6 +91,27 @@ def test_resume_with_another_mode_is_refused_before_any_model_loads(tmp_path, ti
     assert len((out_dir / "results.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_resume_with_nothing_left_writes_the_summary_without_loading_a_model(tmp_path, tiny_model_dirs,
+                                                                              monkeypatch):
+    import seed_tot.cli as cli
+
+    target, draft = tiny_model_dirs
+    _, out_dir = _solve(tmp_path, target, draft, "ar", "finished")
+    first = json.loads((out_dir / "summary.json").read_text())
+    (out_dir / "summary.json").unlink()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for a run with nothing left to solve")
+
+    monkeypatch.setattr(cli, "load_engine", no_model)
+    out = run("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--limit", "1", "--mode", "ar",
+              "--target", target, "--draft", draft, "--temperature", "0", "--max-new-tokens", "10",
+              "--output", str(out_dir), "--resume")
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["n"] == 1 and "1 problem" in out
+    assert summary["target"] == first["target"] and summary["accuracy"] == first["accuracy"]
+
+
 def test_existing_results_without_resume_is_refused(tmp_path, tiny_model_dirs):
     target, draft = tiny_model_dirs
     _, out_dir = _solve(tmp_path, target, draft, "ar", "again")

@@ -52,6 +52,12 @@ def check_resumed_run(output_dir: str | Path, identity: dict[str, Any]) -> None:
                                f"resume with the same settings, or pass another --output")
 
 
+def recorded_models(output_dir: str | Path) -> dict[str, str] | None:
+    """The model names the directory's records were made with, when it names them."""
+    recorded, _ = _recorded(Path(output_dir))
+    return None if recorded is None else recorded.get("models")
+
+
 def write_run_identity(output_dir: str | Path, identity: dict[str, Any]) -> None:
     path = Path(output_dir) / RUN_FILE
     tmp = path.with_name(path.name + ".tmp")

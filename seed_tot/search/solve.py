@@ -29,7 +29,7 @@ from .expansion import SearchResult, state_to_json
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
-from .run_identity import RUN_FILE, check_resumed_run, run_identity, write_run_identity
+from .run_identity import RUN_FILE, check_resumed_run, recorded_models, run_identity, write_run_identity
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class ResultsRecorder:
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
                  output_dir: str | Path, resume: bool, models: dict[str, str] | None = None):
-        self.task, self.settings, self.algorithm = task, settings, algorithm
+        self.task, self.settings, self.algorithm, self.models = task, settings, algorithm, models or {}
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
@@ -196,7 +196,8 @@ class ResultsRecorder:
     def write_summary(self, engine: Any = None) -> dict[str, Any]:
         settings = self.settings
         summary = summarize_records(self.records())
-        summary.update(model_names(engine))  # the model pair, for the run header of `seed-tot view`
+        # the model pair, for the run header of `seed-tot view`: the engine's, else the run's recorded ones
+        summary.update({**self.models, **model_names(engine)})
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path)})
@@ -206,6 +207,16 @@ class ResultsRecorder:
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         log.info("%s: %d problems, summary in %s", self.task.name, summary["n"], self.out / SUMMARY_FILE)
         return summary
+
+
+def summarize_finished_run(task: Task, examples: Sequence[Example], settings: RunSettings,
+                           output_dir: str | Path) -> dict[str, Any] | None:
+    """A resumed run with every requested problem already in results.jsonl: its summary, rewritten
+    from the records with the models run.json names, so no engine is loaded for nothing to do;
+    None when problems remain."""
+    recorder = ResultsRecorder(task, examples, settings=settings, algorithm=resolve_algorithm(settings, None),
+                               output_dir=output_dir, resume=True, models=recorded_models(output_dir))
+    return None if recorder.todo else recorder.write_summary()
 
 
 def model_names(engine: Any) -> dict[str, str]:
