@@ -52,8 +52,8 @@ from typing import Any
 import click
 
 from seed_tot.bench_workloads import ModeSpec, Workload, thoughts_workload, tot_step_workload, tot_workload
-from seed_tot.cli_options import (check_mode_options, decode_setting, given_options, load_engine, model_options,
-                                  one_of_later, parse_k_config)
+from seed_tot.cli_options import (check_mode_options, check_policy_setting, decode_setting, given_options, load_engine,
+                                  model_options, one_of_later, parse_k_config)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
@@ -100,6 +100,7 @@ def parse_modes(text: str, defaults: DecodeSpec) -> list[ModeSpec]:
             decode = defaults.replace(mode=m["mode"], **changes)
         except DecodeSpecError as err:
             raise click.BadParameter(f"{label!r}: {err}", param_hint="--modes") from None
+        check_policy_setting(decode, "--modes", label)
         if any(s.label == label for s in specs):
             raise click.BadParameter(f"{label!r} is listed twice", param_hint="--modes")
         specs.append(ModeSpec(label, decode, concurrency, prefix_cache))

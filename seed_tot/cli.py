@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, decode_setting,
-                                  load_engine, model_options, parse_k_config, pipeline_options, policy_kwargs,
-                                  policy_options)
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, check_policy_setting,
+                                  decode_setting, load_engine, model_options, parse_k_config, pipeline_options,
+                                  policy_kwargs, policy_options)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.view.command import view_command, write_run_page
@@ -91,6 +91,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
         return _run_pipeline(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
     spec = DecodeSpec(mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                       draft_batch=draft_batch, **policy_kwargs(draft_policy, policy_option, head_dir))
+    check_policy_setting(spec, "--policy-option")
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
@@ -202,6 +203,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
                                draft_batch=draft_batch, seed=seed,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
+    check_policy_setting(settings.decode,
+                         "--policy-option" if policy_option or draft_policy else settings.source or "config")
     start = time.perf_counter()
     if resume and results.is_file() and results.stat().st_size > 0:  # other settings: refused before loading models
         check_resumed_run(output, run_identity(task.name, settings.to_dict(), settings.algorithm))

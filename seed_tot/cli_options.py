@@ -138,6 +138,21 @@ def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
     return {"draft_policy": draft_policy, "policy_options": options}
 
 
+def check_policy_setting(decode: DecodeSpec, param_hint: str, label: str = "") -> None:
+    """A usage error, before any model loads, for a draft-policy option the named policy does not take
+    or cannot read (`label`: which bench mode). Left to the engine it surfaces only once the models
+    have loaded, and in a bench only after every earlier mode has run. Options given without a policy
+    name go to the engine's default policy, which depends on the draft model, so the engine checks those."""
+    if decode.mode not in DRAFTING_MODES or not isinstance(decode.draft_policy, str):
+        return
+    from seed_tot.engine.policies import check_policy_options
+
+    try:
+        check_policy_options(decode.draft_policy, decode.options)
+    except ValueError as err:
+        raise click.BadParameter(f"{label!r}: {err}" if label else str(err), param_hint=param_hint) from None
+
+
 # The options that only some decoding modes read, and those modes; any other mode would ignore them.
 # --draft is not here: a run keeps its models while --mode changes, and modes that draft nothing
 # skip loading it (the stats then say draft=none).

@@ -14,6 +14,8 @@
               last n tokens (prompt lookup decoding; prompt_lookup.py)
 
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
+    cls.parse_options(**options) -> dict                     the options read and checked without an engine
+                                                             (check_policy_options: a command's up-front check)
     policy.plan_batch(seqs, rows)                            before a batched round: its rows, the round's size
     policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
     round.first_feed() -> Feed | None                        entries for the draft (None: no draft)
@@ -40,8 +42,8 @@ from .fixed import FixedPolicy
 
 from ..decode_spec import POLICIES  # the names are a decoding setting, checked without torch
 
-__all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "make_policy",
-           "may_draft_trees", "parse_policy_options"]
+__all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "check_policy_options",
+           "make_policy", "may_draft_trees", "parse_policy_options"]
 
 
 def parse_policy_options(pairs) -> dict[str, str]:
@@ -77,14 +79,24 @@ def _policy_class(name: str):
 
 
 def _checked_options(cls, name: str, options: dict | None) -> dict:
-    """The options as a dict; an unknown key is an error naming the keys the policy takes."""
+    """The options as a dict; an unknown key is an error naming the keys the policy takes (the keywords
+    of its parse_options, which from_options reads its options through)."""
     options = dict(options or {})
-    accepted = [p for p in inspect.signature(cls.from_options).parameters if p not in ("engine", "k_config", "params")]
+    accepted = list(inspect.signature(cls.parse_options).parameters)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"draft policy {name!r} has no option {', '.join(unknown)}; "
                          f"it takes {', '.join(accepted) or 'no options'}")
     return options
+
+
+def check_policy_options(name: str, options: dict | None) -> dict:
+    """The options of the named policy checked and converted without an engine or a model: an unknown
+    policy, an option it does not take, or a value it cannot read (wrong type, out of range, a word it
+    does not know) is a ValueError naming the policy, the option and what it accepts. A command calls
+    this before it loads models; make_policy's from_options checks the same again for Python callers."""
+    cls = _policy_class(name)
+    return cls.parse_options(**_checked_options(cls, name, options))
 
 
 def make_policy(name: str, options: dict | None, engine, k_config: tuple[int, ...], params) -> DraftPolicy:
@@ -97,5 +109,4 @@ def may_draft_trees(name: str, options: dict | None, engine, k_config: tuple[int
     """Whether the policy `make_policy` would build may draft trees (DraftPolicy.drafts_trees), decided
     without building it: building may calibrate, and a model that cannot score trees is refused before
     any forward."""
-    cls = _policy_class(name)
-    return cls.may_draft_trees(engine, k_config, _checked_options(cls, name, options))
+    return _policy_class(name).may_draft_trees(engine, k_config, check_policy_options(name, options))

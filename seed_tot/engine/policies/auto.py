@@ -40,7 +40,8 @@ from ..cost_model import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, Costs, c
                           calibrate, calibration_plan, derive_opt_tree_options, load_costs)
 from ..draft_tree import DraftTree
 from ..params import SamplingParams
-from .base import DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, load_option, option, planned_together
+from .base import (DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, flag_option, load_option, option,
+                   planned_together)
 from .fixed import FixedRound
 from .head import accept_probability
 
@@ -91,11 +92,6 @@ def plan_lengths(alphas: list[float], pending: list[int], costs: Costs, max_len:
     return plan
 
 
-def _flag(value) -> bool:
-    """An on/off option: a bool from Python, a string from the command line."""
-    return str(value).lower() in ("1", "true", "yes", "on")
-
-
 @dataclass
 class _SeqState:
     hits: float  # decayed accepted draft tokens
@@ -123,17 +119,25 @@ class AutoPolicy(DraftPolicy):
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
 
     @classmethod
-    def from_options(cls, engine, k_config, params, max_len=8, prior=0.5, probe_every=8, recalibrate="false",
-                     head=None, load="greedy") -> "AutoPolicy":
+    def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
+                      load="greedy") -> dict:
+        return {"max_len": option(cls.name, "max_len", max_len, int, 1),
+                "prior": option(cls.name, "prior", prior, float, 0),
+                "probe_every": option(cls.name, "probe_every", probe_every, int, 1),
+                "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
+                "head": None if head is None else str(head), "load": load_option(cls.name, load)}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "AutoPolicy":
+        o = cls.parse_options(**options)
         head_model = capture = None
-        if head is not None:
+        if o["head"] is not None:
             from .specdec import load_checked_head
-            head_model = load_checked_head(head, engine, params)
+            head_model = load_checked_head(o["head"], engine, params)
             capture = engine.draft_runtime.capture(HiddenCapture)
-        return cls(load_costs(engine, recalibrate=_flag(recalibrate)),
-                   option(cls.name, "max_len", max_len, int, 1), option(cls.name, "prior", prior, float, 0),
-                   probe_every=option(cls.name, "probe_every", probe_every, int, 1), head=head_model,
-                   eos_ids=engine.eos_ids, capture=capture, load=load)
+        return cls(load_costs(engine, recalibrate=o["recalibrate"]), o["max_len"], o["prior"],
+                   probe_every=o["probe_every"], head=head_model, eos_ids=engine.eos_ids, capture=capture,
+                   load=o["load"])
 
     def predict(self, hidden: torch.Tensor) -> float:
         """P̂ for the token whose entry produced `hidden` (one vector)."""

@@ -60,16 +60,33 @@ class DraftRound:
         raise NotImplementedError
 
 
-def option(policy: str, key: str, value, kind: type, low: float | None = None):
-    """One policy option (a string from the command line, or a number from Python) as `kind`."""
+def option(policy: str, key: str, value, kind: type, low: float | None = None, words: tuple[str, ...] = ()):
+    """One policy option (a string from the command line, or a number from Python) as `kind`; a value
+    in `words` (e.g. opt-tree's n=auto) is kept as it is."""
+    if value in words:
+        return value
     try:
         out = kind(value)
     except (TypeError, ValueError):
+        also = "".join(f" or {w}" for w in words)
         raise ValueError(f"draft policy {policy!r}: option {key}={value!r} is not a{'n' if kind is int else ''} "
-                         f"{kind.__name__}") from None
+                         f"{kind.__name__}{also}") from None
     if low is not None and out < low:
         raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be >= {low:g}")
     return out
+
+
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def flag_option(policy: str, key: str, value) -> bool:
+    """An on/off option: a bool from Python, a string from the command line. A word outside FLAGS is
+    refused rather than read as off, so a typo does not silently turn a setting off."""
+    text = str(value).lower()
+    if text not in FLAGS:
+        raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be one of true, false (or 1, 0, yes, "
+                         f"no, on, off)")
+    return FLAGS[text]
 
 
 LOADS = ("greedy", "all", "off")
@@ -106,9 +123,18 @@ class DraftPolicy:
     drafts_trees = True
 
     @classmethod
+    def parse_options(cls) -> dict:
+        """The policy's options, given as keywords (strings from the command line or values from Python),
+        checked and converted without an engine, so that a command refuses a bad one before it loads
+        models (policies.check_policy_options). Its keywords are the options the policy takes, and
+        `from_options` builds from what it returns. A policy with options overrides it; this one takes none."""
+        return {}
+
+    @classmethod
     def may_draft_trees(cls, engine, k_config: tuple[int, ...], options: dict) -> bool:
-        """`drafts_trees` of the policy `from_options` would build from these options, read without
-        building it: building may calibrate costs (engine/cost_model.py), and calibrating runs forwards."""
+        """`drafts_trees` of the policy `from_options` would build from these options (as `parse_options`
+        returns them), read without building it: building may calibrate costs (engine/cost_model.py),
+        and calibrating runs forwards."""
         return cls.drafts_trees
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:

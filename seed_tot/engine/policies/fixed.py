@@ -28,7 +28,8 @@ class FixedPolicy(DraftPolicy):
         return any(k > 1 for k in check_k_config(k_config))
 
     @classmethod
-    def from_options(cls, engine, k_config, params) -> "FixedPolicy":
+    def from_options(cls, engine, k_config, params, **options) -> "FixedPolicy":
+        cls.parse_options(**options)  # fixed takes none: its shape is k_config
         return cls(k_config)
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:

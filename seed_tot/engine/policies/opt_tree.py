@@ -51,20 +51,24 @@ class OptTreePolicy(DraftPolicy):
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
-        n = options.get("n", OptTreeOptions.n)
-        return n == "auto" or option(cls.name, "n", n, int, 1) > 1  # derived n is at least 2
+        return options["n"] == "auto" or options["n"] > 1  # derived n is at least 2
 
     @classmethod
-    def from_options(cls, engine, k_config, params, n=8, delta=0.2, max_depth=8, temperature=None) -> "OptTreePolicy":
+    def parse_options(cls, n=8, delta=0.2, max_depth=8, temperature=None) -> dict:
         """n and delta may be "auto": derived from this hardware's calibrated forward costs (engine/cost_model.py)."""
-        if "auto" in (n, delta):
+        return {"n": option(cls.name, "n", n, int, 1, words=("auto",)),
+                "delta": option(cls.name, "delta", delta, float, 0, words=("auto",)),
+                "max_depth": option(cls.name, "max_depth", max_depth, int, 1),
+                "temperature": None if temperature is None else option(cls.name, "temperature", temperature, float)}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "OptTreePolicy":
+        o = cls.parse_options(**options)
+        if "auto" in (o["n"], o["delta"]):
             from ..cost_model import derive_opt_tree_options, load_costs
             derived = derive_opt_tree_options(load_costs(engine))
-            n = derived["n"] if n == "auto" else n
-            delta = derived["delta"] if delta == "auto" else delta
-        return cls(option(cls.name, "n", n, int, 1), option(cls.name, "delta", delta, float, 0),
-                   option(cls.name, "max_depth", max_depth, int, 1),
-                   None if temperature is None else option(cls.name, "temperature", temperature, float))
+            o.update({key: derived[key] for key in ("n", "delta") if o[key] == "auto"})
+        return cls(o["n"], o["delta"], o["max_depth"], o["temperature"])
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return OptTreeRound(TreeBuilder(seq, params, vocab_size), self.options)

@@ -78,7 +78,7 @@ from ..params import SamplingParams
 from ..host_to_device import to_device
 from ..sampling import draw_without_replacement, multinomial, process_by_params
 from ..cost_model import Costs, load_costs
-from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, load_option, option, planned_together
+from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, flag_option, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 
 CUTS = ("none", "cost")
@@ -139,23 +139,28 @@ class ParallelSpecPolicy(DraftPolicy):
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
-        depth = options.get("depth")
-        depth = _default_depth(engine.draft) if depth is None else option(cls.name, "depth", depth, int, 1)
-        return _drafts_trees(k_config[:depth], option(cls.name, "passes", options.get("passes", 1), int, 1),
-                             option(cls.name, "lookup", _default_lookup(engine.draft, options.get("lookup")), int, 0))
+        depth = _default_depth(engine.draft) if options["depth"] is None else options["depth"]
+        return _drafts_trees(k_config[:depth], options["passes"], _default_lookup(engine.draft, options["lookup"]))
 
     @classmethod
-    def from_options(cls, engine, k_config, params, depth=None, cut=None, recalibrate="false",
-                     load="greedy", passes=1, lookup=None, sampled_rows=SAMPLED_ROWS) -> "ParallelSpecPolicy":
-        cut = cut or getattr(engine.draft, "default_cut", None) or "none"
-        if cut not in CUTS:
+    def parse_options(cls, depth=None, cut=None, recalibrate="false", load="greedy", passes=1, lookup=None,
+                      sampled_rows=SAMPLED_ROWS) -> dict:
+        """depth, cut and lookup left out (None) take the drafter's defaults when the policy is built."""
+        if cut and cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
-        costs = (load_costs(engine, recalibrate=str(recalibrate).lower() in ("1", "true", "yes"))
-                 if cut == "cost" else None)
-        lookup = _default_lookup(engine.draft, lookup)
-        return cls(engine.draft, k_config, None if depth is None else option(cls.name, "depth", depth, int, 1), costs,
-                   load, option(cls.name, "passes", passes, int, 1), option(cls.name, "lookup", lookup, int, 0),
-                   option(cls.name, "sampled_rows", sampled_rows, int, 1))
+        return {"depth": None if depth is None else option(cls.name, "depth", depth, int, 1), "cut": cut or None,
+                "recalibrate": flag_option(cls.name, "recalibrate", recalibrate), "load": load_option(cls.name, load),
+                "passes": option(cls.name, "passes", passes, int, 1),
+                "lookup": None if lookup is None else option(cls.name, "lookup", lookup, int, 0),
+                "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1)}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "ParallelSpecPolicy":
+        o = cls.parse_options(**options)
+        cut = o["cut"] or getattr(engine.draft, "default_cut", None) or "none"
+        costs = load_costs(engine, recalibrate=o["recalibrate"]) if cut == "cost" else None
+        return cls(engine.draft, k_config, o["depth"], costs, o["load"], o["passes"],
+                   _default_lookup(engine.draft, o["lookup"]), o["sampled_rows"])
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         jointly = planned_together(seqs, self.load)

@@ -95,9 +95,14 @@ class PromptLookupPolicy(DraftPolicy):
         self.ngram, self.depth = ngram, depth
 
     @classmethod
-    def from_options(cls, engine, k_config, params, ngram=3, depth=None) -> "PromptLookupPolicy":
-        return cls(option(cls.name, "ngram", ngram, int, 1),
-                   len(k_config) if depth is None else option(cls.name, "depth", depth, int, 1))
+    def parse_options(cls, ngram=3, depth=None) -> dict:
+        return {"ngram": option(cls.name, "ngram", ngram, int, 1),
+                "depth": None if depth is None else option(cls.name, "depth", depth, int, 1)}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "PromptLookupPolicy":
+        o = cls.parse_options(**options)
+        return cls(o["ngram"], len(k_config) if o["depth"] is None else o["depth"])
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return _LookupRound(TreeBuilder(seq, params, vocab_size), self.ngram, self.depth)

@@ -35,11 +35,17 @@ class SpecDecPolicy(DraftPolicy):
         self.eos_ids, self.capture = frozenset(eos_ids), capture
 
     @classmethod
-    def from_options(cls, engine, k_config, params, head=None, h=0.5, min_len=2, max_len=20) -> "SpecDecPolicy":
+    def parse_options(cls, head=None, h=0.5, min_len=2, max_len=20) -> dict:
         if head is None:
             raise ValueError("draft policy 'specdec' needs a trained head: --head DIR (policy option head=DIR)")
-        return cls(load_checked_head(head, engine, params), option(cls.name, "h", h, float),
-                   option(cls.name, "min_len", min_len, int, 1), option(cls.name, "max_len", max_len, int, 1),
+        return {"head": str(head), "h": option(cls.name, "h", h, float),
+                "min_len": option(cls.name, "min_len", min_len, int, 1),
+                "max_len": option(cls.name, "max_len", max_len, int, 1)}
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "SpecDecPolicy":
+        o = cls.parse_options(**options)
+        return cls(load_checked_head(o["head"], engine, params), o["h"], o["min_len"], o["max_len"],
                    engine.eos_ids, engine.draft_runtime.capture(HiddenCapture))
 
     def predict(self, hidden: torch.Tensor) -> float:
