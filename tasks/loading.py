@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from seed_tot.hub import offline_mode, unreachable_hub
 from seed_tot.search.protocol import DuplicateIdError, check_unique_ids
 
 log = logging.getLogger(__name__)
@@ -39,16 +40,22 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
         if hub is None:
             raise DataError("this task has no Hub dataset: pass --data PATH")
         name, config, split = hub
+        local = "pass a local file with --data PATH" + (
+            f" (JSONL: one object per line with {', '.join(required)})" if required and text_field is None else "")
         try:  # imported here only: local files load without it
             import datasets
         except ImportError as err:
-            raise DataError(f"loading the Hub dataset {name} needs the `datasets` package ({err}); "
-                            f"pass a local file with --data PATH") from err
+            raise DataError(f"loading the Hub dataset {name} needs the `datasets` package ({err}); {local}") from err
+        # asked first: without the Hub, `datasets` retries for half a minute, warning each time, before
+        # its error (with HF_HUB_OFFLINE=1 it reads its cache at once, so there is nothing to ask)
+        why = None if offline_mode() else unreachable_hub()
+        if why is not None:
+            raise DataError(f"cannot load the Hub dataset {name} ({config}, {split}): {why}; {local}, or set "
+                            f"HF_HUB_OFFLINE=1 to use a copy in the datasets cache")
         try:
             ds = datasets.load_dataset(name, config, split=split)
-        except Exception as err:  # the Hub is unreachable or the name is wrong: say which and how to go on
-            raise DataError(f"could not load the Hub dataset {name} ({config}, {split}): {err}; "
-                            f"pass a local file with --data PATH") from err
+        except Exception as err:  # the name is wrong, or offline and not cached: say which and how to go on
+            raise DataError(f"could not load the Hub dataset {name} ({config}, {split}): {err}; {local}") from err
         records = [dict(r) for r in ds]
         where = [f"{name} ({config}, {split}) row {i}" for i in range(len(records))]
     else:

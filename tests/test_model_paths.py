@@ -25,9 +25,10 @@ def test_missing_local_directory_says_no_such_directory(name: str):
 
 
 def test_hub_id_shaped_name_is_left_to_the_hub(monkeypatch):
+    from seed_tot import hub
     from seed_tot.engine import models
 
-    monkeypatch.setattr(models, "_hub_unreachable", lambda endpoint: None)  # a machine that reaches the Hub
+    monkeypatch.setattr(hub, "hub_unreachable", lambda endpoint: None)  # a machine that reaches the Hub
     assert models.model_source("Qwen/Qwen2-0.5B-Instruct") == ("Qwen/Qwen2-0.5B-Instruct", {})
 
 

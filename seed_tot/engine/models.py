@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.metadata
 import logging
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from ..hub import offline_mode, unreachable_hub
 
 log = logging.getLogger(__name__)
 
@@ -70,45 +69,24 @@ def model_source(name: str) -> tuple[str, dict]:
     return name, hub_kwargs(name)
 
 
-HUB_PROBE_TIMEOUT_S = 5.0
-
-
 def hub_kwargs(repo_id: str) -> dict:
-    """from_pretrained keywords for a Hub id, decided before transformers tries the network: where
-    the Hub cannot be reached, huggingface_hub retries each file with growing waits (every retry
-    warned twice) before transformers' error. Unreachable: the cached copy (local_files_only), or a
-    one-line ConnectionError when there is none. HF_HUB_OFFLINE=1 already means the cache only."""
+    """from_pretrained keywords for a Hub id, decided before transformers tries the network (seed_tot.hub:
+    huggingface_hub's retries would warn for half a minute first). Unreachable: the cached copy
+    (local_files_only), or a one-line ConnectionError when there is none. HF_HUB_OFFLINE=1 already
+    means the cache only."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    offline = constants.is_offline_mode()
-    problem = None if offline else _hub_unreachable(constants.ENDPOINT)
-    if not offline and problem is None:
+    offline = offline_mode()
+    why = "HF_HUB_OFFLINE is set" if offline else unreachable_hub()
+    if why is None:
         return {}
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         if not offline:
-            log.info("the Hub (%s) is unreachable (%s): loading %s from the Hub cache", constants.ENDPOINT, problem,
-                     repo_id)
+            log.info("%s: loading %s from the Hub cache", why, repo_id)
         return {"local_files_only": True}
-    why = ("HF_HUB_OFFLINE is set" if offline
-           else f"the Hugging Face Hub ({constants.ENDPOINT}) is unreachable ({problem})")
     hint = "" if offline else ", or set HF_HUB_OFFLINE=1 to load cached models without trying the network"
     raise ConnectionError(f"cannot load {repo_id}: {why} and {repo_id} is not in the Hub cache "
                           f"({constants.HF_HUB_CACHE}); pass a local model directory or .gguf file instead{hint}")
-
-
-@functools.lru_cache(maxsize=None)
-def _hub_unreachable(endpoint: str) -> str | None:
-    """Why `endpoint` cannot be reached (one request, no retries; proxies from the environment
-    apply), or None when it answers at all. Asked once per process: target, draft and their
-    tokenizers would otherwise each wait for it."""
-    request = urllib.request.Request(endpoint, method="HEAD")
-    try:
-        with urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT_S):
-            return None
-    except urllib.error.HTTPError:
-        return None  # an HTTP status is an answer: the Hub is there
-    except OSError as err:  # URLError, timeouts, DNS and connection failures
-        return str(getattr(err, "reason", err))
 
 
 def load_tokenizer(name: str):
