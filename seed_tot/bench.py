@@ -52,8 +52,8 @@ from typing import Any
 import click
 
 from seed_tot.bench_workloads import ModeSpec, Workload, thoughts_workload, tot_step_workload, tot_workload
-from seed_tot.cli_options import (check_mode_options, check_policy_setting, decode_setting, given_options, load_engine,
-                                  model_options, one_of_later, parse_k_config)
+from seed_tot.cli_options import (check_data_file, check_mode_options, check_policy_setting, decode_setting,
+                                  given_options, load_engine, model_options, one_of_later, parse_k_config)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
@@ -370,7 +370,7 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")
-@click.option("--data", type=click.Path(), default=None, help="Local task data (thoughts: a GSM8K JSONL).")
+@click.option("--data", callback=check_data_file, default=None, help="Local task data (thoughts: a GSM8K JSONL).")
 @click.option("--limit", type=click.IntRange(min=1), default=1, show_default=True, help="Problems per tot-* run.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="tot-*: problems searched at once on the one engine.")

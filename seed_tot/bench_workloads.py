@@ -108,8 +108,6 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
     task = get_task(workload.removeprefix("tot-"))
     if data is None and task.name != "blocksworld":
         raise click.UsageError(f"--workload {workload} needs --data PATH (bench does not download datasets)")
-    if data is not None and not Path(data).is_file():
-        raise click.UsageError(f"--data {data}: no such file")
     settings = load_settings(shipped_config(task.name), base=task.config)
     settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     examples = task.load(data, limit=limit)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_mode_options, check_policy_setting,
-                                  decode_setting, load_engine, model_options, parse_k_config, pipeline_options,
-                                  policy_kwargs, policy_options)
+from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
+                                  check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
+                                  pipeline_options, policy_kwargs, policy_options)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec
 from seed_tot.engine.pipeline import PIPELINE_MODES
 from seed_tot.view.command import view_command, write_run_page
@@ -136,7 +136,8 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 
 @main.command()
 @click.argument("task_name", metavar="TASK")
-@click.option("--data", type=click.Path(), default=None, help="Local data file (default: the task's Hub dataset or generator).")
+@click.option("--data", callback=check_data_file, default=None,
+              help="Local data file (default: the task's Hub dataset or generator).")
 @click.option("--limit", type=int, default=None, help="Solve this many problems (default: all).")
 @click.option("--offset", type=int, default=0, show_default=True, help="Skip this many problems first.")
 @click.option("--config", "config_file", type=click.Path(), default=None, help="YAML settings (default: configs/TASK.yaml).")
@@ -278,8 +279,6 @@ def _task_setup(task_name, config_file, data, limit, offset):
     if config_file is None:
         config_file = shipped_config(task.name)
     settings = load_settings(config_file, base=task.config, task_name=task.name)
-    if data is not None and not Path(data).is_file():
-        raise click.UsageError(f"--data {data}: no such file")
     try:
         check_window(limit, offset)
     except ValueError as err:
@@ -302,7 +301,7 @@ def _get_task(task_name):
 
 @main.command()
 @click.argument("task_name", metavar="TASK")
-@click.option("--data", type=click.Path(), default=None, help="The data the predictions answer.")
+@click.option("--data", callback=check_data_file, default=None, help="The data the predictions answer.")
 @click.option("--predictions", type=click.Path(exists=True, dir_okay=False), required=True,
               help='JSONL, one {"id", "prediction"} per line.')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with n, correct and accuracy.")
@@ -311,8 +310,6 @@ def score(task_name, data, predictions, as_json):
     from seed_tot.tasks.loading import DataError, check_unique_ids, read_jsonl
 
     task = _get_task(task_name)
-    if data is not None and not Path(data).is_file():
-        raise click.UsageError(f"--data {data}: no such file")
     examples = {ex.id: ex for ex in task.load(data)}
     lines = read_jsonl(predictions, required=("id", "prediction"))
     check_unique_ids([str(record["id"]) for _, record in lines], [f"{predictions}:{n}" for n, _ in lines])

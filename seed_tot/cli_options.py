@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import click
 
@@ -24,6 +25,19 @@ def decode_setting(setting: str):
 
 
 parse_k_config = decode_setting("k_config")
+
+
+def check_data_file(ctx, param, value):
+    """A click callback: --data names a file, or a usage error that says what it names instead (a
+    directory is not "no such file"). solve, score and bench share it, so they word it alike."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a directory; pass the data file itself (e.g. a .jsonl file in it)")
+    if not path.exists():
+        raise click.BadParameter(f"{value}: no such file")
+    return value
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -98,6 +98,12 @@ def check_window(limit: int | None, offset: int) -> None:
         raise DataError(f"--offset must be at least 0, got {offset}")
 
 
+def _text_lines(text_field: str) -> str:
+    """What a plain-text data file holds, in words that read right whatever the field's name (a
+    plural like "sentences" made "one sentences per line")."""
+    return f"plain text with one record per line, each line read as its {text_field!r}"
+
+
 def _check_text(file: Path, text_field: str) -> list[int]:
     """The 1-based numbers of the file's non-blank lines. Errors: not UTF-8, nothing but blank
     lines, or JSON records where this task reads plain text (a data file of another task)."""
@@ -107,8 +113,7 @@ def _check_text(file: Path, text_field: str) -> list[int]:
         raise DataError(f"{file}: not UTF-8 text ({err})") from err
     lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
-        raise DataError(f"{file}: no records (the file is empty or blank); expected plain text, "
-                        f"one {text_field} per line")
+        raise DataError(f"{file}: no records (the file is empty or blank); expected {_text_lines(text_field)}")
     first = text.splitlines()[lines[0] - 1].strip()
     if first.startswith("{"):
         try:
@@ -116,8 +121,8 @@ def _check_text(file: Path, text_field: str) -> list[int]:
         except json.JSONDecodeError:
             is_object = False
         if is_object:
-            raise DataError(f"{file}:{lines[0]}: found a JSON object, expected plain text, one {text_field} "
-                            f"per line (is this another task's data file?)")
+            raise DataError(f"{file}:{lines[0]}: found a JSON object, expected {_text_lines(text_field)} "
+                            f"(is this another task's data file?)")
     return lines
 
 

@@ -83,6 +83,26 @@ def test_another_tasks_jsonl_given_to_a_text_task_is_refused(tmp_path: Path):
         get_task("creative_writing").load(str(FIXTURES / "gsm8k_small.jsonl"))
 
 
+@pytest.mark.parametrize("content", ["", '{"sentences": "a. b. c. d."}\n'], ids=["empty", "json"])
+def test_a_text_tasks_data_error_reads_as_english_whatever_the_field_is_called(tmp_path: Path, content: str):
+    data = tmp_path / "cw.txt"
+    data.write_text(content)
+    with pytest.raises(DataError) as err:
+        get_task("creative_writing").load(str(data))
+    assert "one sentences" not in str(err.value)
+    assert "plain text with one record per line, each line read as its 'sentences'" in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["solve", "gsm8k", "--output", "o"],
+                                     ["score", "gsm8k", "--predictions", str(FIXTURES / "gsm8k_small.jsonl")],
+                                     ["bench", "--workload", "tot-gsm8k"], ["bench"]])
+def test_data_naming_a_directory_says_it_is_a_directory_not_that_it_is_missing(tmp_path: Path, command: list[str]):
+    result = CliRunner().invoke(main, [*command, "--data", str(tmp_path)])
+    assert result.exit_code == 2, result.output  # a usage error, before any model loads
+    assert f"{tmp_path} is a directory; pass the data file itself" in result.output
+    assert "no such file" not in result.output
+
+
 def test_a_text_file_given_to_a_jsonl_task_is_refused():
     with pytest.raises(DataError, match=r"creative_writing_small.txt:1: expected one JSON object per line"):
         get_task("gsm8k").load(str(FIXTURES / "creative_writing_small.txt"))

@@ -28,6 +28,17 @@ def test_the_summary_names_task_problems_result_speed_acceptance_and_files(tmp_p
     assert f"tree {tmp_path / 'tree.html'}" in describe_summary(SUMMARY, tmp_path)
 
 
+def test_after_a_resume_the_wall_time_and_the_per_problem_figures_each_say_what_they_cover(tmp_path):
+    text = describe_summary({**SUMMARY, "solved_this_run": 1}, tmp_path, wall_s=3.0)
+    assert text.splitlines()[1] == ("this run: wall 3.0 s for 1 problem, 3 solved before it; all 4 problems: "
+                                    "2.5 s per problem, 12.2 tokens/s, mode seed, acceptance 0.432")
+
+
+def test_a_run_that_solved_every_problem_keeps_the_short_speed_line(tmp_path):
+    text = describe_summary({**SUMMARY, "solved_this_run": 4}, tmp_path, wall_s=10.04)
+    assert text.splitlines()[1] == "wall 10.0 s, 2.5 s per problem, 12.2 tokens/s, mode seed, acceptance 0.432"
+
+
 def test_a_mode_without_a_draft_reports_no_acceptance(tmp_path):
     assert "acceptance" not in describe_summary({**SUMMARY, "mode": "ar"}, tmp_path)
 
@@ -49,6 +60,15 @@ def test_solve_ends_with_lines_for_a_person_and_keeps_the_json_in_summary_json(t
     assert out.startswith("gsm8k: 2 problems, accuracy ") and len(out.splitlines()) == 3
     assert str(tmp_path / "run" / "results.jsonl") in out and "{" not in out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["n"] == 2
+
+
+def test_a_resumed_solve_says_its_wall_time_covers_only_the_problems_it_solved(tmp_path, scripted_models):
+    run = tmp_path / "run"
+    CliRunner().invoke(main, ["solve", "gsm8k", "--data", str(FIXTURES / "gsm8k_small.jsonl"), "--limit", "1",
+                              "--output", str(run)])
+    speed = _solve(run, "--resume").splitlines()[1]
+    assert speed.startswith("this run: wall ") and " s for 1 problem, 1 solved before it; all 2 problems: " in speed
+    assert json.loads((run / "summary.json").read_text())["solved_this_run"] == 1
 
 
 def test_solve_json_prints_the_summary_numbers(tmp_path, scripted_models):

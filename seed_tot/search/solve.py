@@ -200,7 +200,9 @@ class ResultsRecorder:
         summary.update({**self.models, **model_names(engine)})
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
-                        "results": str(self.results_path)})
+                        "results": str(self.results_path),
+                        # the rest of n came from results.jsonl (--resume): this run's wall time is theirs alone
+                        "solved_this_run": len(self.todo)})
         failed = sum(1 for r in self.records() if "error" in r)  # problems no Ray worker survived
         if failed:
             summary["failed"] = failed
@@ -305,11 +307,16 @@ def describe_summary(summary: dict[str, Any], output_dir: str | Path, wall_s: fl
     if summary.get("failed"):
         result.append(f"{summary['failed']} failed")
     head = f"{summary.get('task', 'run')}: {n} problem{'s' * (n != 1)}" + "".join(f", {r}" for r in result)
-    wall = f"wall {wall_s:.1f} s, " if wall_s is not None else ""
-    speed = (f"{wall}{summary.get('mean_wall_s', 0.0):.1f} s per problem, {summary.get('tokens_per_s', 0.0):.1f} "
+    speed = (f"{summary.get('mean_wall_s', 0.0):.1f} s per problem, {summary.get('tokens_per_s', 0.0):.1f} "
              f"tokens/s, mode {summary.get('mode', '?')}")
     if summary.get("mode") in DRAFTING_MODES:
         speed += f", acceptance {summary.get('acceptance_rate', 0.0):.3f}"
+    now = summary.get("solved_this_run", n)
+    if now < n:  # a resumed run: its wall time covers its own problems, the figures all n records
+        wall = "" if wall_s is None else f"wall {wall_s:.1f} s for {now} problem{'s' * (now != 1)}, "
+        speed = f"this run: {wall}{n - now} solved before it; all {n} problems: {speed}"
+    elif wall_s is not None:
+        speed = f"wall {wall_s:.1f} s, {speed}"
     out = Path(output_dir)
     files = [f"results {out / RESULTS_FILE}", f"summary {out / SUMMARY_FILE}"]
     if (out / "tree.html").is_file():
