@@ -103,3 +103,15 @@ def test_pipedec_needs_a_draft():
     target = tiny_model("llama", layers=2)
     with pytest.raises(ValueError, match="needs a draft model"):
         simulate(target, None, [PROMPT], SamplingParams(max_new_tokens=2), PipelineConfig(mode="pipedec"), 96)
+
+
+def test_stpp_counts_no_hit_for_a_draft_accepted_past_eos():
+    """An always-right chain of 3 runs past EOS at the second token: the round's output stops there,
+    and so do its hits (the drafts after EOS are dropped with it)."""
+    probe = tiny_model("llama", layers=2)
+    eos = reference_greedy(probe, PROMPT, 2)[1]
+    params = SamplingParams(max_new_tokens=9, temperature=0)
+    out = simulate(probe, probe, [PROMPT], params, PipelineConfig(mode="stpp", n_stages=2, k_config=(1, 1, 1)),
+                   96, eos_ids=frozenset({eos}))[0]
+    assert out.result.token_ids == reference_greedy(probe, PROMPT, 2) and out.result.finish_reason == "eos"
+    assert out.stats.rounds == 1 and out.stats.hits == 2 == out.result.stats.accepted

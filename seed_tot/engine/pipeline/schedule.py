@@ -124,10 +124,10 @@ def run_stpp(roles, comm, n_stages: int, k_config: tuple[int, ...]) -> PipelineS
             else:
                 role.cache.retain([0] + [i + 1 for i in acc.path], [])
                 role.logits = {}
-            role.seq.append(acc.tokens)
+            kept = role.seq.append(acc.tokens)
         stats.ticks += levels + n_stages
         stats.rounds += 1
-        stats.hits += len(acc.path)
+        stats.hits += min(len(acc.path), kept)  # drafts accepted past a stop are dropped with it: not hits
     stats.tokens = len(seq.generated)
     stats.stage_forwards = comm.gather_forwards(roles, n_stages)
     return stats
