@@ -43,9 +43,10 @@ class FixedRound(DraftRound):
         self.b = builder
         k_config = k_config[: max(1, builder.remaining)]  # no point drafting past the budget
         if not builder.params.greedy and builder.params.top_k > 0:
-            # q holds at most top_k tokens: a wider group's further draws would be tokens of no mass,
-            # which the verifier always rejects, drafted and scored for nothing (the width still
-            # depends on the params alone, so the tree's shape is known without reading q)
+            # q holds top_k tokens (more only where logits tie): a wider group's further draws would
+            # mostly be tokens of no mass, which the verifier always rejects, drafted and scored for
+            # nothing; a width that depends on the params alone is still exact, and the tree's shape
+            # is known without reading q
             k_config = tuple(min(k, builder.params.top_k) for k in k_config)
         self.k_config = k_config
         self.depth = 0

@@ -231,7 +231,9 @@ class ParallelSpecRound(DraftRound):
         level, frontier, nodes = [], [], []
         parent_nodes = self.level_nodes[-1] if self.level_nodes else [-1]
         for slot, slot_frontier in enumerate(self.frontier):
-            if slot_frontier is None:  # a dead node's slot: it has no children
+            if slot_frontier is None:  # a dead node: its children's slots are dead too (the layout stays whole)
+                nodes += [None] * self.widths[depth]
+                frontier += [None] * self.widths[depth]
                 continue
             rows, anchor, pp = slot_frontier
             row = rows[depth - anchor]
@@ -248,7 +250,7 @@ class ParallelSpecRound(DraftRound):
                 picks = [(tok, q, expected) for tok in multinomial(q, n, b.seq.generator).tolist()]
             for pick in picks:
                 if pick is None:  # dead: never accepted, so neither it nor its subtree is verified; its
-                    nodes.append(None)  # slot stays, so the next level's groups keep their positions
+                    nodes.append(None)  # slot stays, so every level's groups keep `_groups`' positions
                     frontier.append(None)
                     continue
                 tok, q, p = pick
