@@ -387,6 +387,40 @@ def test_resume_with_other_settings_is_refused_naming_each_difference(tmp_path: 
                          resume=True)["n"] == 3
 
 
+def _named(target: str, draft: str) -> ScriptedEngine:
+    engine = ScriptedEngine(TWO_STEP)
+    engine.target_name, engine.draft_name = target, draft
+    return engine
+
+
+RESUMABLE = {  # (first run's settings changes, engine names) -> (the resume's): the records' content agrees
+    "int vs float": ((dict(temperature=1), ("m", "d")), (dict(temperature=1.0), ("m", "d"))),
+    "option as text": ((dict(policy_options={"passes": 2}), ("m", "d")), (dict(policy_options={"passes": "2"}), ("m", "d"))),
+    "scheduling": ((dict(n_workers=2, verify_batch=1), ("m", "d")), (dict(n_workers=4, verify_batch="all"), ("m", "d"))),
+    "model elsewhere": ((dict(), ("/env1/site-packages/m.gguf", "d")), (dict(), ("/env2/lib/m.gguf", "d"))),
+    "draft unread by ar": ((dict(mode="ar"), ("m", "d")), (dict(mode="ar"), ("m", "none"))),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUMABLE))
+def test_a_resume_whose_records_would_agree_is_not_refused(tmp_path: Path, case):
+    """Settings spelled another way (1 and 1.0; the CLI's "2" for an option's 2), how rows are
+    scheduled, the same model file installed elsewhere, a draft the mode never runs: none of these
+    changes what a record says, so none refuses a resume."""
+    task = ToyTask()
+    (first, first_names), (again, again_names) = RESUMABLE[case]
+
+    def settings(changes):
+        base = load_settings(None, base=task.config)
+        search = {k: changes.pop(k) for k in list(changes) if k == "temperature"}
+        return apply_overrides(dataclasses.replace(base, search=dataclasses.replace(base.search, **search)), **changes)
+
+    solve_dataset(_named(*first_names), task, EXAMPLES[:1], settings=settings(dict(first)), output_dir=tmp_path)
+    summary = solve_dataset(_named(*again_names), task, EXAMPLES, settings=settings(dict(again)),
+                            output_dir=tmp_path, resume=True)
+    assert summary["n"] == 3
+
+
 def test_a_run_interrupted_before_its_summary_still_refuses_other_settings(tmp_path: Path):
     """run.json is written before the first record, so a run killed before summary.json exists is
     protected too; a directory from before run.json is checked against summary.json's settings."""

@@ -12,8 +12,11 @@ summary.json's settings when there is one.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from seed_tot.engine.decode_spec import DRAFTING_MODES
 
 from .results_file import ResultsFileError
 
@@ -36,16 +39,12 @@ def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
 
 def check_resumed_run(output_dir: str | Path, identity: dict[str, Any]) -> None:
     """Raise ResultsFileError, naming every setting that differs and the file it was read from, when
-    `identity` is not the one the directory's records were made with. Models are compared only when
-    both sides name them."""
+    `identity` is not the one the directory's records were made with (`_comparable` says what counts)."""
     out = Path(output_dir)
     recorded, source = _recorded(out)
     if recorded is None:
         return
-    differences = _differences(_flat({"task": recorded.get("task"), **recorded.get("settings", {})}),
-                               _flat({"task": identity["task"], **identity["settings"]}))
-    if "models" in recorded and "models" in identity:
-        differences += _differences(_flat(recorded["models"]), _flat(identity["models"]))
+    differences = _differences(_comparable(recorded), _comparable(identity))
     if differences:
         listed = "; ".join(f"{key}: {old!r} there, {new!r} now" for key, old, new in differences)
         raise ResultsFileError(f"{source}: the records in {out} were made with other settings ({listed}); "
@@ -61,7 +60,10 @@ def recorded_models(output_dir: str | Path) -> dict[str, str] | None:
 def write_run_identity(output_dir: str | Path, identity: dict[str, Any]) -> None:
     path = Path(output_dir) / RUN_FILE
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(identity, indent=2, default=str) + "\n", encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(identity, indent=2, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     tmp.replace(path)  # whole or absent: a half-written run.json would refuse every resume
 
 
@@ -90,6 +92,29 @@ def _read(path: Path) -> dict[str, Any]:
     return value
 
 
+# how rows share forwards: they change a run's speed, not what its records say
+_SCHEDULING = ("n_workers", "verify_batch", "draft_batch")
+_DRAFTING = ("k_config", "draft_policy", "policy_options")  # read only by modes that draft
+
+
+def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
+    """What a record's content depends on, flat: the task, the settings but how rows are scheduled
+    (and those the run's mode or algorithm never reads), and the models by file or repository name
+    (the same model installed elsewhere resumes; the draft only where the mode drafts; a Ray
+    driver names none)."""
+    settings = {k: v for k, v in identity.get("settings", {}).items() if k not in _SCHEDULING}
+    drafts = settings.get("mode") in DRAFTING_MODES
+    if not drafts:
+        settings = {k: v for k, v in settings.items() if k not in _DRAFTING}
+    if settings.get("algorithm") != "dfs":
+        settings.pop("max_expansions", None)
+    flat = _flat({"task": identity.get("task"), **settings})
+    for role, name in (identity.get("models") or {}).items():
+        if role == "target" or drafts:
+            flat[f"models.{role}"] = Path(str(name)).name
+    return flat
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"search": {"depth": 4}} -> {"search.depth": 4}; lists and tuples compare as lists (JSON's)."""
     flat: dict[str, Any] = {}
@@ -103,5 +128,22 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
-            if json.dumps(old.get(key), default=str) != json.dumps(new.get(key), default=str)]
+    """Keys both sides have whose values differ. One side only: a setting its mode does not read
+    (the mode itself then differs), a model it does not name, or a summary.json older than the setting."""
+    return [(key, old[key], new[key]) for key in sorted(set(old) & set(new)) if _normal(old[key]) != _normal(new[key])]
+
+
+def _normal(value: Any) -> str:
+    """One spelling per value: 1, 1.0 and "1" (the CLI keeps policy options as text) are one number."""
+    if isinstance(value, list):
+        return "[" + ",".join(_normal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_normal(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(float(value))
+    if isinstance(value, str):
+        try:
+            return repr(float(value))
+        except ValueError:
+            return value
+    return json.dumps(value, default=str)
