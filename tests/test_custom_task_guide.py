@@ -60,8 +60,8 @@ def test_the_guides_commands_run_as_pasted(in_a_checkout, tiny_model_dirs):
     for argv in runnable:
         result = CliRunner().invoke(main, argv + tiny if argv[0] == "solve" else argv)
         assert result.exit_code == 0, result.output
-    assert len((in_a_checkout / "runs" / "game24" / "results.jsonl").read_text().splitlines()) == 3
-    summary = json.loads((in_a_checkout / "runs" / "game24" / "summary.json").read_text())
+    assert len((in_a_checkout / "runs" / "game24-cli" / "results.jsonl").read_text().splitlines()) == 3
+    summary = json.loads((in_a_checkout / "runs" / "game24-cli" / "summary.json").read_text())
     assert summary["task"] == "game24" and summary["settings"]["search"]["breadth"] == 5  # the shipped YAML's
 
 

@@ -12,7 +12,7 @@ from scripted_engine import ScriptedEngine
 
 from seed_tot.bench import parse_modes
 from seed_tot.cli import _GENERATE_MODE_OPTIONS, main
-from seed_tot.cli_options import check_mode_options, policy_kwargs
+from seed_tot.cli_options import check_data_file, check_mode_options, policy_kwargs
 from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.search import DecodingSettings, LLMCaller
 from seed_tot.search.config import RunSettings
@@ -62,11 +62,12 @@ def _create_inputs(cmd: click.Command, args: list[str]) -> None:
     """Files the command requires to exist (an earlier documented step writes them), made empty in
     the current directory."""
     for param in cmd.params:
-        if not (isinstance(param.type, click.Path) and param.type.exists):
+        # a click.Path that must exist, or --data, whose callback checks that it names a file
+        if not ((isinstance(param.type, click.Path) and param.type.exists) or param.callback is check_data_file):
             continue
         for opt in set(param.opts) & set(args):
             path = Path(args[args.index(opt) + 1])
-            if param.type.file_okay:
+            if getattr(param.type, "file_okay", True):  # --data: a file
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
             else:
