@@ -87,3 +87,9 @@ def test_score_says_the_records_without_a_prediction_are_not_counted(tmp_path):
     assert result.stdout.splitlines() == [
         "gsm8k: 1 prediction scored: correct 1, accuracy 1.000",
         f"{total - 1} of the {total} records in the data have no prediction (not counted above)"]
+
+
+def test_a_resume_with_nothing_left_says_so_in_plain_words():
+    summary = {"task": "gsm8k", "n": 1, "solved_this_run": 0, "mean_wall_s": 2.0, "tokens_per_s": 5.0, "mode": "ar"}
+    speed = describe_summary(summary, "runs/x", wall_s=0.0).splitlines()[1]
+    assert speed == "this run: nothing left to solve; the 1 problem: 2.0 s per problem, 5.0 tokens/s, mode ar"

@@ -314,7 +314,9 @@ def describe_summary(summary: dict[str, Any], output_dir: str | Path, wall_s: fl
     now = summary.get("solved_this_run", n)
     if now < n:  # a resumed run: its wall time covers its own problems, the figures all n records
         wall = "" if wall_s is None else f"wall {wall_s:.1f} s for {now} problem{'s' * (now != 1)}, "
-        speed = f"this run: {wall}{n - now} solved before it; all {n} problems: {speed}"
+        this_run = "nothing left to solve" if now == 0 else f"{wall}{n - now} solved before it"
+        every = f"all {n} problems" if n != 1 else "the 1 problem"
+        speed = f"this run: {this_run}; {every}: {speed}"
     elif wall_s is not None:
         speed = f"wall {wall_s:.1f} s, {speed}"
     out = Path(output_dir)
