@@ -66,6 +66,9 @@ def test_the_check_names_the_accepted_keys_from_the_policys_own_signature():
     ("parallelspec", {"passes": "two"}, "option passes='two' is not an int"),
     ("specdec", {"h": "0.3"}, "needs a trained head"),
     ("specdec", {"head": "dir", "min_len": "1.5"}, "option min_len='1.5' is not an int"),
+    ("specdec", {"head": "dir", "h": "1"}, "option h='1' must be between 0 and 1"),
+    ("specdec", {"head": "dir", "min_len": "5", "max_len": "3"}, "option max_len='3' must be >= min_len='5'"),
+    ("auto", {"prior": "1.5"}, "option prior='1.5' must be <= 1"),
 ])
 def test_values_a_policy_cannot_read_are_refused_without_an_engine(name, options, message):
     with pytest.raises(ValueError, match=message):

@@ -122,7 +122,7 @@ class AutoPolicy(DraftPolicy):
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
                       load="greedy") -> dict:
         return {"max_len": option(cls.name, "max_len", max_len, int, 1),
-                "prior": option(cls.name, "prior", prior, float, 0),
+                "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1),
                 "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
                 "head": None if head is None else str(head), "load": load_option(cls.name, load)}

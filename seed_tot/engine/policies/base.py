@@ -60,7 +60,8 @@ class DraftRound:
         raise NotImplementedError
 
 
-def option(policy: str, key: str, value, kind: type, low: float | None = None, words: tuple[str, ...] = ()):
+def option(policy: str, key: str, value, kind: type, low: float | None = None, words: tuple[str, ...] = (),
+           high: float | None = None):
     """One policy option (a string from the command line, or a number from Python) as `kind`; a value
     in `words` (e.g. opt-tree's n=auto) is kept as it is."""
     if value in words:
@@ -73,6 +74,8 @@ def option(policy: str, key: str, value, kind: type, low: float | None = None, w
                          f"{kind.__name__}{also}") from None
     if low is not None and out < low:
         raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be >= {low:g}")
+    if high is not None and out > high:
+        raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be <= {high:g}")
     return out
 
 

@@ -38,9 +38,16 @@ class SpecDecPolicy(DraftPolicy):
     def parse_options(cls, head=None, h=0.5, min_len=2, max_len=20) -> dict:
         if head is None:
             raise ValueError("draft policy 'specdec' needs a trained head: --head DIR (policy option head=DIR)")
-        return {"head": str(head), "h": option(cls.name, "h", h, float),
-                "min_len": option(cls.name, "min_len", min_len, int, 1),
-                "max_len": option(cls.name, "max_len", max_len, int, 1)}
+        o = {"head": str(head), "h": option(cls.name, "h", h, float),
+             "min_len": option(cls.name, "min_len", min_len, int, 1),
+             "max_len": option(cls.name, "max_len", max_len, int, 1)}
+        # checked here, not only in __init__: a command checks its options before it loads any model
+        if not 0 < o["h"] < 1:
+            raise ValueError(f"draft policy {cls.name!r}: option h={h!r} must be between 0 and 1 (a rejection "
+                             f"probability), exclusive")
+        if o["max_len"] < o["min_len"]:
+            raise ValueError(f"draft policy {cls.name!r}: option max_len={max_len!r} must be >= min_len={min_len!r}")
+        return o
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "SpecDecPolicy":
