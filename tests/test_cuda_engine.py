@@ -87,3 +87,20 @@ def test_on_cuda_a_seed_step_synchronises_only_in_its_verification(cuda_pair, te
     assert syncs["draft_rows"] and set(syncs["draft_rows"]) == {0}, syncs
     assert syncs["score_rows"] and set(syncs["score_rows"]) == {0}, syncs
     assert syncs["accept_rows"] and set(syncs["accept_rows"]) == {1}, syncs
+
+
+def test_on_cuda_a_greedy_row_picks_among_tied_logits_what_it_picks_alone(cuda_pair):
+    """torch.topk on CUDA may choose its algorithm by the number of rows: a row batched with others
+    must still pick among tied logits what it picks alone (the policies run one top-k per width)."""
+    from seed_tot.engine import speculative
+    from seed_tot.engine.model_runtime import ModelRuntime
+    from test_device_picks import _rows, tied
+
+    _, draft, _, _ = cuda_pair
+    draft = tied(draft)  # every token ties its even neighbour
+    runtime = ModelRuntime(draft)
+    vocab = draft.config.vocab_size
+    k_configs = [(2, 2, 1), (2, 2, 1), (3, 1), (2, 2, 1)]
+    together = [tree for tree, _ in speculative.draft_rows(runtime, _rows(k_configs), vocab)]
+    alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in _rows(k_configs)]
+    assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
