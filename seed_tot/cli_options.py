@@ -110,7 +110,8 @@ def policy_options(fn):
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
                      help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2, ngram=3."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
-                     help="specdec: the acceptance head directory from `seed-tot train-head`."),
+                     help="specdec (required) and auto (optional): the acceptance head directory from "
+                          "`seed-tot train-head`."),
     ]):
         fn = option(fn)
     return fn
@@ -152,12 +153,24 @@ def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
     return {"draft_policy": draft_policy, "policy_options": options}
 
 
+HEAD_POLICIES = ("specdec", "auto")  # the draft policies that read an acceptance head (--head)
+
+
 def check_policy_setting(decode: DecodeSpec, param_hint: str, label: str = "") -> None:
     """A usage error, before any model loads, for a draft-policy option the named policy does not take
     or cannot read (`label`: which bench mode). Left to the engine it surfaces only once the models
     have loaded, and in a bench only after every earlier mode has run. Options given without a policy
     name go to the engine's default policy, which depends on the draft model, so the engine checks those."""
-    if decode.mode not in DRAFTING_MODES or not isinstance(decode.draft_policy, str):
+    if decode.mode not in DRAFTING_MODES:
+        return
+    head = decode.options.get("head")
+    head_hint = param_hint if label else "--head"
+    if decode.draft_policy is None and head is not None:
+        # no default policy (fixed, parallelspec, lookup) reads a head; left to the engine this is
+        # "draft policy 'parallelspec' has no option head" once the models have loaded
+        raise click.BadParameter(f"a head ({head}) is read by the draft policies {', '.join(HEAD_POLICIES)}; "
+                                 f"name one with --draft-policy", param_hint=head_hint)
+    if not isinstance(decode.draft_policy, str):
         return
     from seed_tot.engine.policies import check_policy_options
 
@@ -165,6 +178,12 @@ def check_policy_setting(decode: DecodeSpec, param_hint: str, label: str = "") -
         check_policy_options(decode.draft_policy, decode.options)
     except ValueError as err:
         raise click.BadParameter(f"{label!r}: {err}" if label else str(err), param_hint=param_hint) from None
+    if decode.draft_policy in HEAD_POLICIES and head is not None:
+        from seed_tot.engine.policies.head import CONFIG
+
+        if not (Path(head) / CONFIG).is_file():  # the engine's message, before the models load
+            raise click.BadParameter(f"{Path(head) / CONFIG}: no head here (train one with `seed-tot train-head`)",
+                                     param_hint=head_hint)
 
 
 # The options that only some decoding modes read, and those modes; any other mode would ignore them.

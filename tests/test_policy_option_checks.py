@@ -89,3 +89,19 @@ def test_python_callers_still_get_the_checks_from_from_options():
         PromptLookupPolicy.from_options(None, (1, 1), None, ngram="abc")
     with pytest.raises(ValueError, match="has no option foo"):
         make_policy("fixed", {"foo": 1}, None, (1,), None)
+
+
+def test_a_head_without_a_policy_that_reads_one_is_refused_before_loading_models(no_model_loads, tmp_path):
+    # the default policy (here the shipped drafter's parallelspec) reads no head; the engine said so only
+    # after loading the models, as "draft policy 'parallelspec' has no option head"
+    out = _usage_error("generate", "--mode", "sd", "--head", str(tmp_path))
+    assert "--head" in out and "read by the draft policies specdec, auto; name one with --draft-policy" in out
+
+
+@pytest.mark.parametrize("policy", ["specdec", "auto"])
+def test_a_head_directory_with_no_head_is_refused_before_loading_models(no_model_loads, tmp_path, policy):
+    out = _usage_error("generate", "--mode", "sd", "--draft-policy", policy, "--head", str(tmp_path / "nothing"))
+    assert "--head" in out and "nothing/head.json: no head here (train one with `seed-tot train-head`)" in out
+    out = _usage_error("solve", "gsm8k", "--data", str(FIXTURES / "gsm8k_small.jsonl"), "--mode", "seed",
+                       "--draft-policy", policy, "--head", str(tmp_path), "--output", str(tmp_path / "o"))
+    assert f"{tmp_path}/head.json: no head here" in out
