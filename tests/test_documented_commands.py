@@ -12,7 +12,8 @@ from scripted_engine import ScriptedEngine
 
 from seed_tot.bench import parse_modes
 from seed_tot.cli import _GENERATE_MODE_OPTIONS, main
-from seed_tot.cli_options import check_data_file, check_mode_options, policy_kwargs
+from seed_tot.cli_options import (HEAD_POLICIES, check_data_file, check_mode_options, check_policy_setting,
+                                  policy_kwargs)
 from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.search import DecodingSettings, LLMCaller
 from seed_tot.search.config import RunSettings
@@ -181,3 +182,18 @@ def _reader_trips(doc: Path) -> list[str]:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
 def test_a_reader_running_the_documented_solves_in_order_meets_no_refusal(doc):
     assert _reader_trips(doc) == []
+
+
+def test_the_readme_trains_a_head_and_then_decodes_with_it():
+    """README named `seed-tot train-head` only in the command table: no command, and nothing said which
+    policies read the head or that it must be trained for the same target and draft."""
+    commands = [_parse(c) for c in _block_commands((ROOT / "README.md").read_text(encoding="utf-8"))]
+    heads = [Path(ctx.params["out_dir"]) for ctx in commands if ctx.info_name == "train-head"]
+    readers = [ctx.params for ctx in commands if ctx.info_name == "generate" and ctx.params["head_dir"]]
+    assert heads and readers
+    for p in readers:
+        assert Path(p["head_dir"]) in heads and p["draft_policy"] in HEAD_POLICIES
+        Path(p["head_dir"]).mkdir(exist_ok=True)
+        Path(p["head_dir"], "head.json").write_text("{}", encoding="utf-8")  # what train-head leaves there
+        check_policy_setting(DecodeSpec(mode=p["mode"], **policy_kwargs(p["draft_policy"], p["policy_option"],
+                                                                         p["head_dir"])), "--policy-option")
