@@ -258,3 +258,16 @@ def test_training_on_soft_labels_brings_the_drafters_q_toward_the_targets_p(tmp_
     train_drafter(drafter, samples, steps=40, out=tmp_path / "hard", batch=2, lr=3e-3, max_groups=16)
     hard_kl = kl_to_target()
     assert soft_kl < 0.7 * before and soft_kl < hard_kl, (before, soft_kl, hard_kl)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_saying_what_differs(tmp_path):
+    # e.g. a rerun with another --k into the same --out: the message was "(Error(s) in loading state_dict
+    # for Linear:)", load_state_dict's first line alone, which names no difference
+    from seed_tot.training import checkpoints
+
+    old = torch.nn.Linear(2, 3)
+    checkpoints.save(tmp_path, "model", old, torch.optim.SGD(old.parameters(), lr=0.1), step=3)
+    new = torch.nn.Linear(2, 4)
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: a checkpoint of another model \(Error\(s\) in loading "
+                                         r"state_dict for Linear: size mismatch for weight: .*\[3, 2\].*\[4, 2\]"):
+        checkpoints.resume(tmp_path, "model", new, torch.optim.SGD(new.parameters(), lr=0.1))

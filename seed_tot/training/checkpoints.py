@@ -20,7 +20,10 @@ def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Opti
     try:
         module.load_state_dict(state[key])
     except (KeyError, RuntimeError) as err:  # another method, k or layer count in the same --out
-        raise ValueError(f"{ckpt}: a checkpoint of another model ({str(err).splitlines()[0]}); "
+        # load_state_dict's first line is only "Error(s) in loading state_dict for X:"; the next says what differs
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+        raise ValueError(f"{ckpt}: a checkpoint of another model ({detail}); "
                          f"use another --out or delete it to start over") from None
     optim.load_state_dict(state["optim"])
     log.info("resuming %s at step %d", ckpt, int(state["step"]))
