@@ -271,3 +271,18 @@ def test_a_checkpoint_of_another_shape_is_refused_saying_what_differs(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint\.pt: a checkpoint of another model \(Error\(s\) in loading "
                                          r"state_dict for Linear: size mismatch for weight: .*\[3, 2\].*\[4, 2\]"):
         checkpoints.resume(tmp_path, "model", new, torch.optim.SGD(new.parameters(), lr=0.1))
+
+
+def test_new_training_data_beside_a_checkpoint_trained_on_other_data_is_refused(tmp_path):
+    # a rerun of train-head/train-drafter with another --draft into the same --out regenerated the data but
+    # resumed the old checkpoint: a head trained on the other draft's data, saved as trained for this one
+    from seed_tot.training import checkpoints
+
+    meta_path = tmp_path / "data.json"
+    checkpoints.check_same_data(tmp_path, meta_path, {"draft": "self"})  # no checkpoint: a fresh start
+    model = torch.nn.Linear(2, 3)
+    checkpoints.save(tmp_path, "head", model, torch.optim.SGD(model.parameters(), lr=0.1), step=5)
+    meta_path.write_text(json.dumps({"draft": "shipped", "max_new_tokens": 8}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: trained on data made with other settings \(draft "
+                                         r"'shipped' -> 'self'\); use another --out or delete it"):
+        checkpoints.check_same_data(tmp_path, meta_path, {"draft": "self", "max_new_tokens": 8})

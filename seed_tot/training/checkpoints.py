@@ -2,6 +2,7 @@
 holds the trained module's state, the optimizer's and the step, so rerunning a command resumes."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -9,6 +10,22 @@ import torch
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
+
+
+def check_same_data(out: Path, meta_path: Path, meta: dict) -> None:
+    """Before new training data replaces the cached data in `out`: a checkpoint there was trained on the
+    old data, and resuming it would save weights trained on other settings under this run's (a rerun
+    with another --draft, --max-new-tokens, ... into the same --out). Refused, naming what differs."""
+    if not (out / CHECKPOINT).is_file():
+        return
+    try:
+        old = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = {}
+    differ = [f"{key} {old.get(key)!r} -> {meta.get(key)!r}" for key in sorted(set(old) | set(meta))
+              if old.get(key) != meta.get(key)] if isinstance(old, dict) and old else ["unknown settings"]
+    raise ValueError(f"{out / CHECKPOINT}: trained on data made with other settings ({'; '.join(differ)}); "
+                     f"use another --out or delete it to start over")
 
 
 def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer) -> int:

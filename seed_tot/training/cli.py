@@ -44,6 +44,7 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
     from seed_tot.engine.policies.head import AcceptanceHead, save_head
     from seed_tot.tasks.loading import load_records
 
+    from . import checkpoints
     from .specdec_data import HeadData, generate_data
     from .specdec_train import train_head
 
@@ -59,6 +60,7 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
         data = HeadData(tensors["hidden"], tensors["labels"])
         click.echo(f"reusing {len(data.labels)} cached rows from {data_path}", err=True)
     else:
+        checkpoints.check_same_data(out, meta_path, trained_for)
         records = load_records(data_file, required=("question",), limit=max_examples)
         prompts = engine.encode([engine.render_prompt(r["question"]) for r in records])
         with tqdm(total=len(prompts), desc="target responses + labels", unit="prompt") as bar:

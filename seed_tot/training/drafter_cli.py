@@ -101,6 +101,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
 
     from .drafter_data import (attach_target_hidden, generate_samples, pack, records_tokens, special_ids, task_prompts,
                                unpack)
+    from . import checkpoints
     from .drafter_train import heldout_tau, train_drafter
     from .soft_labels import target_soft_labels
 
@@ -123,6 +124,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         # what generating them cost when they were made (the card reports that, not the reload)
         gen_s = json.loads(cost_path.read_text())["generate_s"] if cost_path.is_file() else time.perf_counter() - gen_start
     else:
+        checkpoints.check_same_data(out, meta_path, data_meta)
         with tqdm(total=len(train_prompts), desc="target responses", unit="prompt") as bar:
             samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.update)
         out.mkdir(parents=True, exist_ok=True)
