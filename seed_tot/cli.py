@@ -105,8 +105,10 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
             click.echo(f"--- {i} ({r.finish_reason}, {len(r.token_ids)} tokens)\n{r.text}")
     total = summarize(results)
     if not as_json:
-        click.echo(f"--- mode={mode} k_config={','.join(map(str, k_config))} target={engine.target_name} "
-                   f"draft={engine.draft_name}")
+        # what drafted: the policy by name (its default depends on the draft model), then the k_config given
+        drafting = (f" policy={engine.policy_name(spec.draft_policy)} k_config={','.join(map(str, k_config))}"
+                    if mode in DRAFTING_MODES else "")
+        click.echo(f"--- mode={mode}{drafting} target={engine.target_name} draft={engine.draft_name}")
         click.echo(f"wall {total.wall_s:.2f}s  tokens {total.new_tokens}  tokens/s {total.new_tokens / max(total.wall_s, 1e-9):.1f}  "
                    f"acceptance {total.acceptance_rate:.3f}  tokens/target forward {total.tokens_per_target_forward:.2f}  "
                    f"target forwards {total.target_forwards:.0f} (+{total.target_prefills:.0f} prefill)  "

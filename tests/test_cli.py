@@ -173,3 +173,17 @@ def test_solve_trace_spans_every_engine_call(tmp_path, tiny_model_dirs):
     trace = json.loads((tmp_path / "trace" / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     assert len(spans) > 4
+
+
+def test_generates_summary_names_the_draft_policy_that_ran(tiny_model_dirs):
+    """The policy a drafting call runs depends on the draft model when none is named: the summary says
+    which one ran (with specdec or a drafter, a bare k_config would suggest the fixed shapes ran)."""
+    target, draft = tiny_model_dirs
+    out = run("generate", "Tom has 3 apples.", "--target", target, "--draft", draft, "--mode", "sd",
+              "--max-new-tokens", "4")
+    assert "--- mode=sd policy=fixed k_config=1,1,1 " in out
+    out = run("generate", "Tom has 3 apples.", "--target", target, "--draft", "lookup", "--mode", "sd",
+              "--max-new-tokens", "4")
+    assert "--- mode=sd policy=lookup " in out
+    assert "policy=" not in run("generate", "Tom has 3 apples.", "--target", target, "--mode", "ar",
+                                "--max-new-tokens", "4")

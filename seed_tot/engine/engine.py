@@ -387,6 +387,11 @@ class Engine:
             for seq in seqs:
                 seq.draft = None
 
+    def policy_name(self, draft_policy: str | None = None) -> str:
+        """The draft policy a drafting call runs: the one it names, else the engine's default (a
+        ParallelSpec drafter: parallelspec; an engine loaded with draft="lookup": lookup; else fixed)."""
+        return draft_policy or self.default_policy or getattr(self.draft, "default_policy", "fixed")
+
     def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
                policy_options: dict | None = None):
         """The DraftPolicy of a call: an object as given, a name built once per engine and options
@@ -402,8 +407,7 @@ class Engine:
                 raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
-        # a ParallelSpec drafter: parallelspec; an engine loaded with draft="lookup": lookup
-        name = draft_policy or self.default_policy or getattr(self.draft, "default_policy", "fixed")
+        name = self.policy_name(draft_policy)
         if self.draft is None and name != "lookup":
             raise _needs_draft(mode)
         self._check_feature_policy(name)
