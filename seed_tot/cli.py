@@ -187,7 +187,6 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     package.module:ClassName; or a name an installed package registers under the `seed_tot.tasks`
     entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
-    from seed_tot.search.run_identity import check_resumed_run, run_identity
     from seed_tot.search.solve import summarize_finished_run
 
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
@@ -209,8 +208,9 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     check_policy_setting(settings.decode,
                          "--policy-option" if policy_option or draft_policy else settings.source or "config")
     start = time.perf_counter()
-    if resume and results.is_file() and results.stat().st_size > 0:  # other settings: refused before loading models
-        check_resumed_run(output, run_identity(task.name, settings.to_dict(), settings.algorithm))
+    if resume and results.is_file() and results.stat().st_size > 0:
+        # before loading models: records made with other settings are refused (run_identity.py), and a
+        # run with nothing left needs no model at all
         summary = summarize_finished_run(task, examples, settings, output)
         if summary is not None:  # every problem already solved: no model to load, no Ray cluster to start
             if view_page:
