@@ -39,6 +39,11 @@ wall spent scoring prompts (bench's `prefill` column; docs/benchmarks.md has the
 
     python benchmarks/speculation_ceiling.py --key qwen2.5-coder-1.5b --alpha 0.56 --rows 9 --prefill 0.58
 
+`--draft-prefill D` adds what drafting costs before its first round: the draft model scoring the
+prompts too, D as a share of the baseline's wall (the drafting run's draft prefill seconds over the
+baseline's wall), so a drafting plan's whole-workload ratio is 1 / (F + (1 - F) / c + D). A run
+that does not draft pays no D, which is why `auto` prices the prefill before a call drafts.
+
 The calibration times one row of n tokens over a 64-token history, so it leaves out what a forward
 of many long rows adds (see benchmarks/row_forward_cost.py).
 """
@@ -66,10 +71,11 @@ def ceiling(costs: Costs, alpha: float, rows: int, max_len: int = 8) -> tuple[fl
     return rate / (rows / costs.target(rows)), plan
 
 
-def over_workload(decode_ratio: float, prefill: float) -> float:
+def over_workload(decode_ratio: float, prefill: float, draft_prefill: float = 0.0) -> float:
     """A decode-only speed ratio over a whole workload whose baseline spends `prefill` of its wall
-    scoring prompts, which speculation leaves as it is (Amdahl's law)."""
-    return 1.0 / (prefill + (1.0 - prefill) / decode_ratio)
+    scoring prompts, which speculation leaves as it is (Amdahl's law), plus `draft_prefill` of that
+    wall which a drafting run adds scoring the prompts through its draft."""
+    return 1.0 / (prefill + (1.0 - prefill) / decode_ratio + draft_prefill)
 
 
 def load_entry(key: str) -> tuple[str, Costs]:
@@ -123,9 +129,13 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8)
     parser.add_argument("--gain", help="LOW:HIGH rows: what going from LOW to HIGH rows gives each round")
     parser.add_argument("--prefill", type=float, help="the baseline's prompt-scoring share of its wall, in [0, 1)")
+    parser.add_argument("--draft-prefill", type=float, default=0.0,
+                        help="with --prefill: the draft's prompt scoring as a share of the baseline's wall")
     args = parser.parse_args()
     if args.prefill is not None and not 0.0 <= args.prefill < 1.0:
         parser.error(f"--prefill {args.prefill}: expected a share of the wall in [0, 1), e.g. 0.58")
+    if args.draft_prefill < 0.0 or (args.draft_prefill and args.prefill is None):
+        parser.error(f"--draft-prefill {args.draft_prefill}: expected a share >= 0, given with --prefill")
     if sum((args.measure, bool(args.key), bool(args.points))) != 1:
         parser.error("give exactly one of --key (a cached calibration), --measure and --points")
     if args.points:
@@ -145,11 +155,13 @@ def main() -> None:
             ideal, ideal_plan = ceiling(free, a, rows, args.max_len)
             cells.append(f"{real:.2f} (K={max(plan)}), {ideal:.2f} (K={max(ideal_plan)})")
             if args.prefill is not None:
-                whole_cells.append(f"{over_workload(real, args.prefill):.2f}, {over_workload(ideal, args.prefill):.2f}")
+                whole_cells.append(f"{over_workload(real, args.prefill, args.draft_prefill):.2f}, "
+                                   f"{over_workload(ideal, args.prefill):.2f}")
         print(f"| {rows} | " + " | ".join(cells) + " |")
         whole.append((rows, whole_cells))
     if args.prefill is not None:
-        print(f"\nover the whole workload, {args.prefill:.0%} of the baseline's wall scoring prompts:")
+        extra = f", the draft's prefill {args.draft_prefill:.0%} more (not the free draft's)" if args.draft_prefill else ""
+        print(f"\nover the whole workload, {args.prefill:.0%} of the baseline's wall scoring prompts{extra}:")
         print("| rows | " + " | ".join(f"alpha {a}: x parallel (plan), free draft" for a in alphas) + " |")
         print("| --- |" + " --- |" * len(alphas))
         for rows, cells in whole:

@@ -70,7 +70,9 @@ def test_rows_draft_nothing_while_four_share_a_compute_bound_forward_and_draft_o
     target, prompts, tok, params, _ = rows_stopping_differently()
     engine = Engine(target, noisy_copy(target, 0.005), tokenizer=tok)
     alone = [engine.generate([p], params, mode="sd")[0] for p in prompts]
-    policy = AutoPolicy(STEEP, max_len=6, prior=0.7)  # alone, a row at the prior drafts 3
+    # alone, a row at the prior drafts 3; prefill=free: at four rows no draft would repay its prefill,
+    # and this test is about the plan inside a call that drafts
+    policy = AutoPolicy(STEEP, max_len=6, prior=0.7, prefill="free")
     results = engine.generate(prompts, params, mode="seed", draft_policy=policy, draft_batch=None, verify_batch=None)
     assert [r.token_ids for r in results] == [a.token_ids for a in alone]
     assert {r.finish_reason for r in results} >= {"eos", "stop"}

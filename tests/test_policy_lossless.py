@@ -21,8 +21,9 @@ def _policy(name: str, draft):
         return SpecDecPolicy(ConstantHead(0.6), h=0.5, min_len=1, max_len=2, capture=HiddenCapture(draft))
     if name == "auto-load":  # batched seed at 8 rows: flat up to 15 tokens, so rows draft 0, 1 or 2
         return AutoPolicy(Costs(0.1, 0.0, 0.001, ((1, 0.1), (15, 0.1), (64, 1.0)), ((1, 0.001), (32, 0.002))), max_len=2,
-                          load="all")  # sampled rows planned together too
-    return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2)
+                          load="all", prefill="free")  # sampled rows planned together too
+    # prefill=free: these calls must draft (a call that declines runs parallel's steps, tested apart)
+    return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2, prefill="free")
 
 
 CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]

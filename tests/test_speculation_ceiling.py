@@ -54,3 +54,10 @@ def test_a_free_draft_bounds_what_speculation_gives_over_parallel(ceiling):
 def test_malformed_points_name_what_was_expected(ceiling, text):
     with pytest.raises(SystemExit, match="--points"):
         ceiling.from_points(text)
+
+
+def test_the_drafts_prefill_is_paid_on_top_of_the_decode_ratio(ceiling):
+    # session 31's Qwen tot-step: target prompts 53% of parallel's wall, the 0.5B's prompts 17% more
+    assert ceiling.over_workload(1.18, 0.53, 0.17) == pytest.approx(1 / (0.53 + 0.47 / 1.18 + 0.17))
+    assert ceiling.over_workload(1.18, 0.53, 0.17) < 1.0 < ceiling.over_workload(1.18, 0.53)
+    assert ceiling.over_workload(1.5, 0.0, 0.0) == pytest.approx(1.5)

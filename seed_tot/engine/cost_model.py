@@ -2,7 +2,7 @@
 opt-tree's derived settings) weigh a drafted token against.
 
 A short calibration (`calibrate`) times target forwards at 1, 2, 3, 4, 6, 8, 12 ... 64 query tokens
-after a 64-token prefix, and batched draft steps at 1 ... 32 tokens; `Costs` reads between the
+after a 64-token prefix, and batched draft steps at 1 ... 32 tokens and one prompt-sized 128; `Costs` reads between the
 measured sizes piecewise-linearly. Piecewise, not a + b * tokens: on a CPU a forward is nearly flat
 for the first few tokens and then grows, so a straight line through 1 and 64 tokens overstates short
 chains and a policy drafts fewer tokens than pay (docs/benchmarks.md, "Figures behind the code's
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # up to 64: a batched verification carries rows x (draft length + 1) tokens
 CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32)
+DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 128)  # 128: what a prompt prefill costs (auto prices it)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
         best = float("inf")
         for _ in range(repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
-            kv.forward(runtime, prompt[:n_new], [i - 1 for i in range(n_new)])
+            kv.forward(runtime, (prompt * (n_new // context + 1))[:n_new], [i - 1 for i in range(n_new)])
             best = min(best, time.perf_counter() - start)
             kv.commit([])
         return best

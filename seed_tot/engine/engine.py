@@ -17,7 +17,7 @@ from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call
 from .params import GenerationResult, GenerationStats, SamplingParams
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
-from .shared_prefill import PrefixStore, prefill_prompts
+from .shared_prefill import PrefixStore, prefill_prompts, tokens_to_score
 from .target_features import FeatureLog, TargetHidden
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,8 @@ class Engine:
         seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, spec.draft_batch,
                               prefill=False, policy=policy)
         with_draft = _with_draft(spec.mode, policy)
+        if with_draft and not policy.drafts_call(self._draft_prefill_tokens(seqs), len(seqs), params):
+            policy, with_draft = None, False  # plain target steps: the draft's prefill would cost more than it saves
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
         return seqs, future, start
 
@@ -351,6 +353,11 @@ class Engine:
         for store in self.prefix_stores.values():
             store.clear()
             store.max_entries = self.prefix_cache_entries if keep else 0
+
+    def _draft_prefill_tokens(self, seqs: list[Sequence]) -> int:
+        """The prompt tokens `_prefill_shared` would score through the draft for these sequences."""
+        store = self.prefix_stores["draft"] if self.target_hidden is None else None  # as _prefill_shared reads it
+        return tokens_to_score(self.draft_runtime, [seq.prompt for seq in seqs], store)
 
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
         """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a

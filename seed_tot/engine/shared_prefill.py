@@ -109,6 +109,33 @@ class PrefixStore:
             return self._entries[best_key].fork(best), best
 
 
+    def covered(self, tokens: list[int]) -> int:
+        """How many of `tokens` a call would fork from the store (what `longest` finds), read without
+        forking or refreshing an entry."""
+        with self._lock:
+            best = max((_common_length([key, tokens]) for key in self._entries), default=0)
+        return best if best >= MIN_SHARED else 0
+
+
+def tokens_to_score(runtime: ModelRuntime, prompts: list[list[int]], store: PrefixStore | None = None) -> int:
+    """The prompt tokens `prefill_prompts` would score for `prompts` (each but its last token, less the
+    stretches shared within the call or kept in `store`), counted before any forward: what a policy
+    prices a model's prefill by. Sorted prompts share with their neighbour what a trie shares; a
+    common stretch shorter than MIN_SHARED, which prefill scores per prompt, counts once here."""
+    distinct = sorted({tuple(p[:-1]) for p in prompts})
+    share = len(distinct) > 1 and _can_share(runtime)
+    if store is not None and (not store.max_entries or not _can_share(runtime)):
+        store = None
+    total, previous = 0, ()
+    for prompt in distinct:
+        done = _common_length([previous, prompt]) if share and previous else 0
+        if store is not None:
+            done = max(done, store.covered(list(prompt)))
+        total += len(prompt) - done
+        previous = prompt
+    return total
+
+
 def _can_share(runtime: ModelRuntime) -> bool:
     try:
         runtime.layout.check_tree_masks("a shared prompt prefix")

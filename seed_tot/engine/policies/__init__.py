@@ -7,7 +7,8 @@
               enough (specdec.py; the head: head.py, trained by `seed-tot train-head`)
     auto      cost-aware: calibrated forward costs and a running acceptance estimate choose the
               draft length that maximizes tokens per second, including no draft at all; in a
-              batched round, of the whole round's rows together (load-aware, auto.py)
+              batched round, of the whole round's rows together (load-aware, auto.py); a call
+              whose budget cannot repay the draft's prefill decodes without the draft
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
     lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
@@ -16,6 +17,7 @@
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
     cls.parse_options(**options) -> dict                     the options read and checked without an engine
                                                              (check_policy_options: a command's up-front check)
+    policy.drafts_call(prefill_tokens, rows, params) -> bool  before a call: False runs it without the draft
     policy.plan_batch(seqs, rows)                            before a batched round: its rows, the round's size
     policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
     round.first_feed() -> Feed | None                        entries for the draft (None: no draft)

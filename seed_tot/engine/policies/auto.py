@@ -18,10 +18,18 @@ most expected tokens per second of the whole round (`plan_lengths`, `batch_time`
 On a CPU, where a forward's cost grows with its tokens past a few, 16 rows plan K = 0 (plain target
 steps: what `parallel` pays) while one row keeps its chain; on a GPU, flat to many tokens, every
 row keeps its chain. Costs are keyed by query tokens (rows x entries), calibrated up to 64 target
-and 32 draft tokens (fewer on a model with a shorter learned position table: `calibration_plan`).
+and 32 draft tokens, and a 128-token draft prefill (fewer on a model with a shorter learned position table: `calibration_plan`).
 A row whose own best length is 0 keeps the probing above. By default only
 greedy rows plan together: a sampled row's length then depends on its own history alone, so its
 sample for a seed is the one it gets alone.
+
+The draft's prefill is priced too (option prefill=priced, the default; prefill=free skips this):
+before a call drafts at all, it weighs what scoring its prompts through the draft costs (the tokens
+`shared_prefill.tokens_to_score` counts, at the calibrated draft cost per token) against the most
+drafting can save over the call's budget, rows x max_new_tokens x what a token costs less at this
+load (`decode_saving`, at the running acceptance estimate of every sequence so far). A call whose
+prompts are long beside its budget (a ToT value prompt rates a state in a few tokens) then runs
+plain target steps: no draft cache, no draft forward, what `parallel` runs.
 
 With a SpecDec++ head (option head=DIR, `--head`), the running estimate still decides whether to
 draft at all, but how far is decided token by token from the head's P̂ (specdec.py's round): with
@@ -32,6 +40,7 @@ place of SpecDec++'s fixed threshold h.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,7 +57,10 @@ from .head import accept_probability
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger(__name__)
+
 MAX_PROBE_GAP = 64
+PREFILL_PRICING = ("priced", "free")
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -92,6 +104,16 @@ def plan_lengths(alphas: list[float], pending: list[int], costs: Costs, max_len:
     return plan
 
 
+def decode_saving(alpha: float, costs: Costs, max_len: int, rows: int) -> float:
+    """Seconds per generated token that drafting saves at a load of `rows` rows planned together
+    (`plan_lengths`, each row at acceptance alpha) against plain target steps of those rows; 0 when
+    no plan beats them."""
+    plain = costs.target(rows) / rows
+    lengths = plan_lengths([alpha] * rows, [1] * rows, costs, max_len)
+    drafted = batch_time(lengths, [1] * rows, costs) / sum(expected_tokens(alpha, k) for k in lengths)
+    return max(0.0, plain - drafted)
+
+
 @dataclass
 class _SeqState:
     hits: float  # decayed accepted draft tokens
@@ -106,7 +128,7 @@ class AutoPolicy(DraftPolicy):
 
     def __init__(self, costs: Costs, max_len: int = 8, prior: float = 0.5, prior_weight: float = 2.0,
                  decay: float = 0.9, probe_every: int = 8, head=None, eos_ids=frozenset(),
-                 capture: HiddenCapture | None = None, load: str = "greedy"):
+                 capture: HiddenCapture | None = None, load: str = "greedy", prefill: str = "priced"):
         if not 0 <= prior <= 1 or max_len < 1 or probe_every < 1 or not 0 < decay <= 1:
             raise ValueError("auto needs 0 <= prior <= 1, max_len >= 1, probe_every >= 1 and 0 < decay <= 1")
         if head is not None and capture is None:
@@ -117,15 +139,23 @@ class AutoPolicy(DraftPolicy):
         self._state: dict[int, _SeqState] = {}
         self.load = load_option(self.name, load)
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
+        if prefill not in PREFILL_PRICING:
+            raise ValueError(f"draft policy auto: option prefill={prefill!r} must be one of {', '.join(PREFILL_PRICING)}")
+        self.price_prefill = prefill == "priced"
+        self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
 
     @classmethod
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
-                      load="greedy") -> dict:
+                      load="greedy", prefill="priced") -> dict:
+        if prefill not in PREFILL_PRICING:
+            raise ValueError(f"draft policy {cls.name!r}: option prefill={prefill!r} must be one of "
+                             f"{', '.join(PREFILL_PRICING)}")
         return {"max_len": option(cls.name, "max_len", max_len, int, 1),
                 "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1),
                 "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
-                "head": None if head is None else str(head), "load": load_option(cls.name, load)}
+                "head": None if head is None else str(head), "load": load_option(cls.name, load),
+                "prefill": prefill}
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "AutoPolicy":
@@ -137,7 +167,7 @@ class AutoPolicy(DraftPolicy):
             capture = engine.draft_runtime.capture(HiddenCapture)
         return cls(load_costs(engine, recalibrate=o["recalibrate"]), o["max_len"], o["prior"],
                    probe_every=o["probe_every"], head=head_model, eos_ids=engine.eos_ids, capture=capture,
-                   load=o["load"])
+                   load=o["load"], prefill=o["prefill"])
 
     def predict(self, hidden: torch.Tensor) -> float:
         """P̂ for the token whose entry produced `hidden` (one vector)."""
@@ -159,6 +189,23 @@ class AutoPolicy(DraftPolicy):
     def alpha(self, seq) -> float:
         s = self._seq(seq)
         return (s.hits + self.prior * self.prior_weight) / (s.trials + self.prior_weight)
+
+    def call_alpha(self) -> float:
+        """The acceptance a new call's sequences start from: every sequence's so far, else the prior."""
+        return (self._hits + self.prior * self.prior_weight) / (self._trials + self.prior_weight)
+
+    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams) -> bool:
+        """Draft only when the most drafting can save over the call's budget repays the draft's prefill."""
+        if not self.price_prefill or rows < 1:
+            return True
+        alpha = self.call_alpha()
+        saving = rows * params.max_new_tokens * decode_saving(alpha, self.costs, self.max_len, rows)
+        cost = self.costs.draft(prefill_tokens)
+        if saving <= cost:
+            log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %d new tokens "
+                     "(acceptance %.2f) against %.3f s of draft prefill (%d prompt tokens)", rows, saving,
+                     params.max_new_tokens, alpha, cost, prefill_tokens)
+        return saving > cost
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Plan this policy's rows of one batched draft round of `rows` rows in all. Rows planned
@@ -204,6 +251,8 @@ class AutoPolicy(DraftPolicy):
             accepted = len(acceptance.path)
             s.hits = self.decay * s.hits + accepted
             s.trials = self.decay * s.trials + accepted + (accepted < depth)
+            self._hits = self.decay * self._hits + accepted
+            self._trials = self.decay * self._trials + accepted + (accepted < depth)
             if best_length(self.alpha(seq), self.costs, self.max_len) == 0:  # a failed probe: wait longer
                 s.probe_gap = min(MAX_PROBE_GAP, 2 * s.probe_gap)
             else:

@@ -143,6 +143,12 @@ class DraftPolicy:
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         raise NotImplementedError
 
+    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams) -> bool:
+        """Whether a call of `rows` sequences drafts at all, before any forward: drafting first costs the
+        draft's prefill of `prefill_tokens` prompt tokens. False: the call runs plain target steps
+        (no draft cache, no draft forward), which is lossless trivially. Default: always draft."""
+        return True
+
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Called before a batched draft round with this policy's sequences in it and the round's
         size (`rows`, every call's rows): a policy that prices its drafts by what shares the forwards

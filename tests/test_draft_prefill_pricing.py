@@ -1,0 +1,93 @@
+"""`auto` prices the draft's prefill: a call whose prompts cost the draft more to score than drafting
+can save over its budget runs plain target steps, and its output is still the target's."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.policies import check_policy_options
+from seed_tot.engine.policies.auto import AutoPolicy, Costs, decode_saving
+from seed_tot.engine.shared_prefill import MIN_SHARED, PrefixStore, tokens_to_score
+
+# a GPU-like target (flat to 16 query tokens) and a draft whose prompt tokens cost 10 ms each
+FLAT = Costs(0.05, 0.0, 0.005, ((1, 0.05), (16, 0.05), (64, 0.2)), ((1, 0.005), (32, 0.3), (128, 1.26)))
+GREEDY_2 = SamplingParams(max_new_tokens=2, temperature=0)
+GREEDY_40 = SamplingParams(max_new_tokens=40, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny_model("llama", seed=3)
+    return Engine(target, noisy_copy(target, 0.005))
+
+
+def _prompts(n: int, length: int, shared: int) -> list[list[int]]:
+    """n prompts of `length` tokens that agree on their first `shared`."""
+    return [[7] * shared + [(11 * i + j) % 90 + 1 for j in range(length - shared)] for i in range(n)]
+
+
+def test_tokens_to_score_counts_each_shared_stretch_once(engine):
+    runtime = engine.draft_runtime
+    prompts = _prompts(3, 100, 60)
+    # each prompt is scored but its last token; the 60-token stretch once, then 39 per prompt
+    assert tokens_to_score(runtime, prompts) == 60 + 3 * 39
+    assert tokens_to_score(runtime, prompts + prompts) == 60 + 3 * 39  # copies fork one cache
+    assert tokens_to_score(runtime, prompts[:1]) == 99
+
+
+def test_tokens_to_score_leaves_out_what_the_prefix_store_holds(engine):
+    prompt = _prompts(1, 100, 0)[0]
+    store = PrefixStore()
+    from seed_tot.engine.shared_prefill import prefill_prompts
+    prefill_prompts(engine.draft_runtime, [prompt[:50] + [3]], store=store)  # stores the first 50 tokens
+    assert store.covered(prompt) == 50 >= MIN_SHARED
+    assert tokens_to_score(engine.draft_runtime, [prompt], store) == 99 - 50
+
+
+def test_saving_is_zero_where_no_plan_beats_plain_steps_and_positive_where_drafts_are_cheap():
+    steep = Costs(0.1, 0.05, 0.05)  # every verified token costs half a forward
+    assert decode_saving(0.5, steep, 4, 8) == 0.0
+    assert decode_saving(0.9, FLAT, 4, 1) > 0.0
+
+
+def test_a_call_drafts_only_when_its_budget_can_repay_the_drafts_prefill():
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+    long_budget = SamplingParams(max_new_tokens=512, temperature=0)
+    assert policy.drafts_call(30, 2, long_budget)
+    assert not policy.drafts_call(2000, 2, GREEDY_2)
+    assert AutoPolicy(FLAT, max_len=4, prior=0.8, prefill="free").drafts_call(2000, 2, GREEDY_2)
+
+
+def test_a_declined_call_decodes_without_the_draft_and_equals_the_target_alone(engine, caplog):
+    prompts = _prompts(3, 150, 0)
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+    with caplog.at_level(logging.INFO, logger="seed_tot.engine.policies.auto"):
+        results = engine.generate(prompts, GREEDY_2, mode="seed", draft_policy=policy)
+    assert "decodes without its draft" in caplog.text
+    assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 2) for p in prompts]
+    assert sum(r.stats.draft_forwards + r.stats.draft_prefills for r in results) == 0
+
+
+def test_a_call_that_repays_its_prefill_drafts_and_equals_the_target_alone(engine):
+    prompts = [[5, 9, 2], [4, 4, 8, 1]]
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+    results = engine.generate(prompts, GREEDY_40, mode="seed", draft_policy=policy)
+    assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 40) for p in prompts]
+    assert sum(r.stats.draft_forwards for r in results) > 0 and sum(r.stats.accepted for r in results) > 0
+
+
+def test_a_declined_sampled_call_samples_what_parallel_samples(engine):
+    prompts = _prompts(4, 150, 100)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=20, seed=5)
+    declined = engine.generate(prompts, params, mode="seed", draft_policy=AutoPolicy(FLAT, max_len=4))
+    plain = engine.generate(prompts, params, mode="parallel")
+    assert sum(r.stats.draft_prefills for r in declined) == 0
+    assert [r.token_ids for r in declined] == [r.token_ids for r in plain]
+
+
+def test_an_unknown_prefill_setting_is_refused_before_any_model_loads():
+    with pytest.raises(ValueError, match="prefill='sometimes' must be one of priced, free"):
+        check_policy_options("auto", {"prefill": "sometimes"})
