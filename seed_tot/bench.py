@@ -261,6 +261,7 @@ def summarize_reports(reports: list[ModeReport], greedy: bool, synthetic: dict |
                    target_prefills=round(total.target_prefills, 6), draft_forwards=round(total.draft_forwards, 6),
                    prompt_tokens_scored_per_run=round(total.target_prefill_tokens / len(r.runs), 3),
                    target_prefill_s_per_run=total.target_prefill_s / len(r.runs),
+                   draft_prefill_s_per_run=total.draft_prefill_s / len(r.runs),
                    verifications=total.verifications, peak_memory_mib=r.peak_memory_mib)
         decode = r.spec.decode
         if decode.mode in DRAFTING_MODES and synthetic:

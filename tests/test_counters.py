@@ -41,6 +41,8 @@ def test_forward_counters_sum_to_the_forwards_the_models_ran(engine_and_logs, mo
     assert total.target_prefills == 2
     # those prefills' seconds are counted apart, as a part of the target's busy time
     assert 0 < total.target_prefill_s < total.target_busy_s
+    # the draft's prompt scoring is timed in the modes that draft, and only there
+    assert (total.draft_prefill_s > 0) == (mode in ("sd", "mcsd", "seed"))
     # every decode forward scores each row's one pending token (the last one committed) plus its draft
     # nodes, so the query entries are exactly rounds + drafted nodes (ar and parallel: one per step)
     assert total.target_query_tokens == total.verifications + total.drafted

@@ -390,6 +390,7 @@ class Engine:
             for seq, kv, cost in zip(seqs, caches, costs):
                 seq.draft = kv
                 seq.stats.draft_prefills += cost.forwards
+                seq.stats.draft_prefill_s += cost.busy_s
         else:
             for seq in seqs:
                 seq.draft = None

@@ -66,14 +66,15 @@ class GenerationStats:
     draft_prefills: float = 0.0
     target_busy_s: float = 0.0
     target_prefill_s: float = 0.0  # the part of target_busy_s spent scoring prompts (prefill forwards)
-    draft_busy_s: float = 0.0
+    draft_busy_s: float = 0.0  # decode forwards only: draft prompt scoring is draft_prefill_s
+    draft_prefill_s: float = 0.0
     kv_copy_s: float = 0.0  # cache management: moving KV tensors (compacting accepted entries, regrowing storage)
     wall_s: float = 0.0
     events: list[dict] = field(default_factory=list)  # timeline (seed mode), see engine.timeline
 
     COUNTERS = ("new_tokens", "drafted", "draft_depth", "accepted", "verifications", "target_forwards",
                 "target_prefills", "target_prefill_tokens", "target_query_tokens", "draft_forwards", "draft_prefills",
-                "target_busy_s", "target_prefill_s", "draft_busy_s", "kv_copy_s")
+                "target_busy_s", "target_prefill_s", "draft_busy_s", "draft_prefill_s", "kv_copy_s")
 
     @property
     def acceptance_rate(self) -> float:
