@@ -96,6 +96,13 @@ def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path
         "target_fixed_s": 9.0, "target_per_token_s": 9.0, "draft_step_s": 9.0, "target_points": [[1, 9.0], [16, 9.0]]}}))
     costs = load_costs(engine)
     assert costs.draft_points and costs.target_points[-1][0] == CALIBRATION_TOKENS[-1]
+    # batched draft steps up to 32 and no prompt-sized draft forward (before auto priced the draft's prefill)
+    points = [[n, 9.0] for n in CALIBRATION_TOKENS]
+    (tmp_path / "calibration.json").write_text(json.dumps({key: {
+        "target_fixed_s": 9.0, "target_per_token_s": 9.0, "draft_step_s": 9.0, "target_points": points,
+        "draft_points": [[n, 9.0] for n in DRAFT_CALIBRATION_TOKENS if n <= 32]}}))
+    costs = load_costs(engine)
+    assert costs.draft_points[-1][0] == DRAFT_CALIBRATION_TOKENS[-1] and costs.draft_step_s != 9.0
 
 
 # a CPU-like target: flat up to 3 tokens, then 45 ms per token (issue 10's cost table, rounded)

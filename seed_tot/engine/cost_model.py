@@ -175,12 +175,15 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
     return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
 
 
-def _current(entry: dict, largest: int) -> bool:
-    """Whether this version measured the entry up to `largest` target tokens (the most this engine's
-    models hold, `calibration_plan`): older ones hold a line only, or single-row sizes up to 16 tokens
-    and no batched draft steps. Those are measured again."""
+def _current(entry: dict, largest: int, largest_draft: int) -> bool:
+    """Whether this version measured the entry up to `largest` target and `largest_draft` draft tokens
+    (the most this engine's models hold, `calibration_plan`): older ones hold a line only, or
+    single-row sizes up to 16 tokens and no batched draft steps, or draft steps up to 32 tokens and
+    no prompt-sized one (a prefill priced from them extrapolates the slope of small batched steps,
+    nearly flat on a GPU). Those are measured again."""
     sizes = [n for n, _ in entry.get("target_points", ())]
-    return "draft_points" in entry and max(sizes, default=0) >= largest
+    draft_sizes = [n for n, _ in entry.get("draft_points", ())]
+    return max(sizes, default=0) >= largest and max(draft_sizes, default=0) >= largest_draft
 
 
 def load_costs(engine, recalibrate: bool = False) -> Costs:
@@ -196,7 +199,8 @@ def load_costs(engine, recalibrate: bool = False) -> Costs:
     if not isinstance(cached, dict):
         raise ValueError(f"{path}: unreadable calibration cache (not a JSON object); delete it to recalibrate")
     entry = cached.get(key, {})
-    if _current(entry, calibration_plan(engine)[1][-1]) and not recalibrate:
+    _, sizes, draft_sizes = calibration_plan(engine)
+    if _current(entry, sizes[-1], draft_sizes[-1]) and not recalibrate:
         return Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
                                     for k in ("target_points", "draft_points")}})
     costs = calibrate(engine)
