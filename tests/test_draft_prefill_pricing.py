@@ -2,6 +2,7 @@
 can save over its budget runs plain target steps, and its output is still the target's."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -10,7 +11,9 @@ from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.policies import check_policy_options
 from seed_tot.engine.policies.auto import AutoPolicy, Costs, decode_saving
-from seed_tot.engine.shared_prefill import MIN_SHARED, PrefixStore, tokens_to_score
+from seed_tot.engine.model_runtime import ModelRuntime
+from seed_tot.engine.shared_prefill import MIN_SHARED, PrefixStore, _can_share, prefill_prompts, tokens_to_score
+from test_attention_types import build
 
 # a GPU-like target (flat to 16 query tokens) and a draft whose prompt tokens cost 10 ms each
 FLAT = Costs(0.05, 0.0, 0.005, ((1, 0.05), (16, 0.05), (64, 0.2)), ((1, 0.005), (32, 0.3), (128, 1.26)))
@@ -38,10 +41,24 @@ def test_tokens_to_score_counts_each_shared_stretch_once(engine):
     assert tokens_to_score(runtime, prompts[:1]) == 99
 
 
+@pytest.mark.parametrize("arch", ["llama", "falcon-mqa"])  # falcon-mqa: a model that cannot share a prefix
+def test_tokens_to_score_is_what_prefill_scores_and_never_more(arch):
+    runtime = ModelRuntime(tiny_model("llama", seed=5) if arch == "llama" else build(arch))
+    assert _can_share(runtime) == (arch == "llama")
+
+    def scored(prompts):
+        return sum(cost.tokens for cost in prefill_prompts(runtime, prompts)[1])
+
+    for prompts in (_prompts(3, 100, 60), _prompts(2, 80, 50) * 2, [[5], [6], [5]],
+                    [[7] * 40 + [x] for x in (10, 11, 12)]):  # the last: prompts that differ in their last token only
+        assert tokens_to_score(runtime, prompts) == pytest.approx(scored(prompts)), prompts
+    short = [[9] * 10 + [x] * 20 for x in (1, 2, 3)]  # a common stretch under MIN_SHARED, scored per prompt
+    assert tokens_to_score(runtime, short) <= scored(short)
+
+
 def test_tokens_to_score_leaves_out_what_the_prefix_store_holds(engine):
     prompt = _prompts(1, 100, 0)[0]
     store = PrefixStore()
-    from seed_tot.engine.shared_prefill import prefill_prompts
     prefill_prompts(engine.draft_runtime, [prompt[:50] + [3]], store=store)  # stores the first 50 tokens
     assert store.covered(prompt) == 50 >= MIN_SHARED
     assert tokens_to_score(engine.draft_runtime, [prompt], store) == 99 - 50
@@ -61,11 +78,12 @@ def test_a_call_drafts_only_when_its_budget_can_repay_the_drafts_prefill():
     assert AutoPolicy(FLAT, max_len=4, prior=0.8, prefill="free").drafts_call(2000, 2, GREEDY_2)
 
 
-def test_a_declined_call_decodes_without_the_draft_and_equals_the_target_alone(engine, caplog):
+@pytest.mark.parametrize("mode", ["sd", "seed"])
+def test_a_declined_call_decodes_without_the_draft_and_equals_the_target_alone(engine, caplog, mode):
     prompts = _prompts(3, 150, 0)
     policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
     with caplog.at_level(logging.INFO, logger="seed_tot.engine.policies.auto"):
-        results = engine.generate(prompts, GREEDY_2, mode="seed", draft_policy=policy)
+        results = engine.generate(prompts, GREEDY_2, mode=mode, draft_policy=policy)
     assert "decodes without its draft" in caplog.text
     assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 2) for p in prompts]
     assert sum(r.stats.draft_forwards + r.stats.draft_prefills for r in results) == 0
@@ -77,6 +95,32 @@ def test_a_call_that_repays_its_prefill_drafts_and_equals_the_target_alone(engin
     results = engine.generate(prompts, GREEDY_40, mode="seed", draft_policy=policy)
     assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 40) for p in prompts]
     assert sum(r.stats.draft_forwards for r in results) > 0 and sum(r.stats.accepted for r in results) > 0
+
+
+def test_one_policy_declines_one_call_while_another_call_drafts_beside_it(engine):
+    declined, repaid = _prompts(3, 150, 0), [[5, 9, 2], [4, 4, 8, 1]]
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+
+    async def both():
+        return await asyncio.gather(engine.agenerate(declined, GREEDY_2, mode="seed", draft_policy=policy),
+                                    engine.agenerate(repaid, GREEDY_40, mode="seed", draft_policy=policy))
+
+    plain, drafted = asyncio.run(both())
+    assert [r.token_ids for r in plain] == [reference_greedy(engine.target, p, 2) for p in declined]
+    assert [r.token_ids for r in drafted] == [reference_greedy(engine.target, p, 40) for p in repaid]
+    assert sum(r.stats.draft_prefills for r in plain) == 0 < sum(r.stats.draft_forwards for r in drafted)
+
+
+def test_sd_prices_its_rows_alone_since_they_never_share_a_forward(engine):
+    # flat to 2 query tokens, then steep: a row alone gains from one drafted token, rows together do not
+    alone_gains = Costs(0.1, 0.0, 0.001, ((1, 0.1), (2, 0.1), (3, 0.15), (64, 3.2)), ((1, 0.001), (128, 0.128)))
+    assert decode_saving(0.8, alone_gains, 4, 3) == 0.0 < decode_saving(0.8, alone_gains, 4, 1)
+    prompts = _prompts(3, 20, 0)
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    for mode, drafts in (("sd", True), ("seed", False)):
+        results = engine.generate(prompts, params, mode=mode, draft_policy=AutoPolicy(alone_gains, max_len=4, prior=0.8))
+        assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 8) for p in prompts]
+        assert (sum(r.stats.draft_prefills for r in results) > 0) == drafts, mode
 
 
 def test_a_declined_sampled_call_samples_what_parallel_samples(engine):

@@ -102,9 +102,12 @@ def test_sampled_rows_plan_alone_by_default_so_batched_seed_samples_what_sd_samp
     params = SamplingParams(max_new_tokens=16, temperature=0.9, seed=7)
     prompts = [[5, 9], [1, 2, 3, 4], [9, 1, 77]] * 2
     engine = Engine(target, draft)
-    sd = engine.generate(prompts, params, mode="sd", draft_policy=AutoPolicy(STEEP, max_len=6, prior=0.7))
-    seed = engine.generate(prompts, params, mode="seed", draft_policy=AutoPolicy(STEEP, max_len=6, prior=0.7),
+    # prefill=free: both calls must draft (priced, the six rows of seed would not repay their prefill and
+    # would sample as parallel does, while sd's rows, each alone in its forwards, would)
+    sd = engine.generate(prompts, params, mode="sd", draft_policy=AutoPolicy(STEEP, max_len=6, prior=0.7, prefill="free"))
+    seed = engine.generate(prompts, params, mode="seed", draft_policy=AutoPolicy(STEEP, max_len=6, prior=0.7, prefill="free"),
                            draft_batch=None, verify_batch=None)
     assert [r.token_ids for r in sd] == [r.token_ids for r in seed]
+    assert sum(r.stats.draft_forwards for r in seed) > 0  # rows that drafted, not two runs of plain steps
     with pytest.raises(ValueError, match="load='sometimes' must be one of greedy, all, off"):
         AutoPolicy(STEEP, load="sometimes")

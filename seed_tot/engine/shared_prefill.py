@@ -121,9 +121,12 @@ def tokens_to_score(runtime: ModelRuntime, prompts: list[list[int]], store: Pref
     """The prompt tokens `prefill_prompts` would score for `prompts` (each but its last token, less the
     stretches shared within the call or kept in `store`), counted before any forward: what a policy
     prices a model's prefill by. Sorted prompts share with their neighbour what a trie shares; a
-    common stretch shorter than MIN_SHARED, which prefill scores per prompt, counts once here."""
-    distinct = sorted({tuple(p[:-1]) for p in prompts})
-    share = len(distinct) > 1 and _can_share(runtime)
+    common stretch shorter than MIN_SHARED, which prefill scores per prompt, counts once here (the
+    count is a lower bound: every position of a distinct prefix is scored once at least). A model
+    that cannot share scores each distinct prompt whole, even two that differ only in their last token."""
+    unique = {tuple(p) for p in prompts}  # prefill forks copies of a prompt: whole prompts, not all but the last token
+    share = len(unique) > 1 and _can_share(runtime)
+    distinct = sorted({p[:-1] for p in unique}) if share else [p[:-1] for p in unique]
     if store is not None and (not store.max_entries or not _can_share(runtime)):
         store = None
     total, previous = 0, ()

@@ -191,15 +191,18 @@ class AutoPolicy(DraftPolicy):
         return (s.hits + self.prior * self.prior_weight) / (s.trials + self.prior_weight)
 
     def call_alpha(self) -> float:
-        """The acceptance a new call's sequences start from: every sequence's so far, else the prior."""
+        """The acceptance a call is priced at before it drafts: every sequence's judged drafts so far,
+        else the prior (a sequence's own estimate, `alpha`, still starts from the prior)."""
         return (self._hits + self.prior * self.prior_weight) / (self._trials + self.prior_weight)
 
-    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams) -> bool:
-        """Draft only when the most drafting can save over the call's budget repays the draft's prefill."""
+    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
+        """Draft only when the most drafting can save over the call's budget, at `load` rows per
+        forward (None: all `rows`), repays the draft's prefill."""
         if not self.price_prefill or rows < 1:
             return True
         alpha = self.call_alpha()
-        saving = rows * params.max_new_tokens * decode_saving(alpha, self.costs, self.max_len, rows)
+        per_token = decode_saving(alpha, self.costs, self.max_len, min(load or rows, rows))
+        saving = rows * params.max_new_tokens * per_token
         cost = self.costs.draft(prefill_tokens)
         if saving <= cost:
             log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %d new tokens "

@@ -143,10 +143,11 @@ class DraftPolicy:
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         raise NotImplementedError
 
-    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams) -> bool:
+    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
         """Whether a call of `rows` sequences drafts at all, before any forward: drafting first costs the
-        draft's prefill of `prefill_tokens` prompt tokens. False: the call runs plain target steps
-        (no draft cache, no draft forward), which is lossless trivially. Default: always draft."""
+        draft's prefill of `prefill_tokens` prompt tokens. `load`: how many of its rows share a forward
+        (None: all). False: the call runs plain target steps (no draft cache, no draft forward), which
+        is lossless trivially. Default: always draft."""
         return True
 
     def plan_batch(self, seqs: list, rows: int) -> None:
