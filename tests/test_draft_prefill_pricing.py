@@ -135,3 +135,19 @@ def test_a_declined_sampled_call_samples_what_parallel_samples(engine):
 def test_an_unknown_prefill_setting_is_refused_before_any_model_loads():
     with pytest.raises(ValueError, match="prefill='sometimes' must be one of priced, free"):
         check_policy_options("auto", {"prefill": "sometimes"})
+
+
+def test_declined_calls_probe_now_and_then_where_a_better_draft_could_repay_the_prefill():
+    """A low estimate declines; a declined call observes nothing, so without probes it would decline forever."""
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.05, probe_every=2)
+    budget = SamplingParams(max_new_tokens=64, temperature=0)
+    assert decode_saving(0.05, FLAT, 4, 1) * 64 <= FLAT.draft(100) < decode_saving(1.0, FLAT, 4, 1) * 64
+    decisions = [policy.drafts_call(100, 1, budget) for _ in range(14)]
+    # probes after 2 declines, then 4, then 8: the gap doubles as long as the estimate stays low
+    assert [i for i, d in enumerate(decisions) if d] == [1, 5, 13]
+
+
+def test_no_call_probes_where_even_a_perfect_draft_could_not_repay_the_prefill():
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.05, probe_every=1)
+    assert decode_saving(1.0, FLAT, 4, 1) * 2 <= FLAT.draft(2000)
+    assert not any(policy.drafts_call(2000, 1, GREEDY_2) for _ in range(20))

@@ -29,7 +29,9 @@ before a call drafts at all, it weighs what scoring its prompts through the draf
 drafting can save over the call's budget, rows x max_new_tokens x what a token costs less at this
 load (`decode_saving`, at the running acceptance estimate of every sequence so far). A call whose
 prompts are long beside its budget (a ToT value prompt rates a state in a few tokens) then runs
-plain target steps: no draft cache, no draft forward, what `parallel` runs.
+plain target steps: no draft cache, no draft forward, what `parallel` runs. A declined call teaches
+the estimate nothing, so where a better draft could repay the prefill, a declined call drafts now
+and then as a probe (after `probe_every` declines, the gap doubling up to 64 as a row's probes do).
 
 With a SpecDec++ head (option head=DIR, `--head`), the running estimate still decides whether to
 draft at all, but how far is decided token by token from the head's P̂ (specdec.py's round): with
@@ -104,6 +106,12 @@ def plan_lengths(alphas: list[float], pending: list[int], costs: Costs, max_len:
     return plan
 
 
+def _prefill_option(policy: str, value: str) -> str:
+    if value not in PREFILL_PRICING:
+        raise ValueError(f"draft policy {policy!r}: option prefill={value!r} must be one of {', '.join(PREFILL_PRICING)}")
+    return value
+
+
 def decode_saving(alpha: float, costs: Costs, max_len: int, rows: int) -> float:
     """Seconds per generated token that drafting saves at a load of `rows` rows planned together
     (`plan_lengths`, each row at acceptance alpha) against plain target steps of those rows; 0 when
@@ -139,17 +147,14 @@ class AutoPolicy(DraftPolicy):
         self._state: dict[int, _SeqState] = {}
         self.load = load_option(self.name, load)
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
-        if prefill not in PREFILL_PRICING:
-            raise ValueError(f"draft policy auto: option prefill={prefill!r} must be one of {', '.join(PREFILL_PRICING)}")
-        self.price_prefill = prefill == "priced"
+        self.price_prefill = _prefill_option(self.name, prefill) == "priced"
+        self._declined, self._call_gap = 0, probe_every  # calls declined in a row; the call-level probe's gap
         self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
 
     @classmethod
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
                       load="greedy", prefill="priced") -> dict:
-        if prefill not in PREFILL_PRICING:
-            raise ValueError(f"draft policy {cls.name!r}: option prefill={prefill!r} must be one of "
-                             f"{', '.join(PREFILL_PRICING)}")
+        _prefill_option(cls.name, prefill)
         return {"max_len": option(cls.name, "max_len", max_len, int, 1),
                 "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1),
@@ -204,11 +209,22 @@ class AutoPolicy(DraftPolicy):
         per_token = decode_saving(alpha, self.costs, self.max_len, min(load or rows, rows))
         saving = rows * params.max_new_tokens * per_token
         cost = self.costs.draft(prefill_tokens)
-        if saving <= cost:
-            log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %d new tokens "
-                     "(acceptance %.2f) against %.3f s of draft prefill (%d prompt tokens)", rows, saving,
-                     params.max_new_tokens, alpha, cost, prefill_tokens)
-        return saving > cost
+        if saving > cost:
+            self._declined, self._call_gap = 0, self.probe_every
+            return True
+        # A declined call teaches the estimate nothing, so a low one would decline every later call.
+        # Where a better draft could repay the prefill, every _call_gap-th declined call drafts anyway
+        # (the gap doubles, as a sequence's probes do); where even a perfect one could not, none does.
+        best = rows * params.max_new_tokens * decode_saving(1.0, self.costs, self.max_len, min(load or rows, rows))
+        self._declined += best > cost
+        if best > cost and self._declined >= self._call_gap:
+            self._declined, self._call_gap = 0, min(MAX_PROBE_GAP, 2 * self._call_gap)
+            log.info("auto: a call of %d rows drafts as a probe (acceptance estimate %.2f)", rows, alpha)
+            return True
+        log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %d new tokens "
+                 "(acceptance %.2f) against %.3f s of draft prefill (%d prompt tokens)", rows, saving,
+                 params.max_new_tokens, alpha, cost, prefill_tokens)
+        return False
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Plan this policy's rows of one batched draft round of `rows` rows in all. Rows planned
