@@ -44,6 +44,23 @@ def test_non_positive_max_new_tokens(n):
         SamplingParams(max_new_tokens=n)
 
 
+@pytest.mark.parametrize("setting, value, message", [
+    ("temperature", float("nan"), "temperature must be a finite number"),
+    ("temperature", "0.5", "temperature must be a finite number"),
+    ("top_k", 1.5, "top_k must be an integer"),
+    ("top_p", "0.9", "top_p must be a number"),
+    ("max_new_tokens", True, "max_new_tokens must be a positive integer"),
+    ("seed", None, "seed must be an integer"),
+    ("seed", 1.5, "seed must be an integer"),
+    ("stop", [1], "stop strings must be non-empty strings"),
+    ("stop", None, "stop must be a string or a list of strings"),
+])
+def test_sampling_params_the_sampler_cannot_use_are_refused_when_built(setting, value, message):
+    # before: NaN sampled garbage silently; top_k=1.5 and stop=[1] failed inside a forward mid-call
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{setting: value})
+
+
 @pytest.mark.parametrize("k_config", [(2, 0, 1), (), (0,)])
 def test_k_config_with_a_zero(engine, k_config):
     with pytest.raises(ValueError, match="k_config must be a non-empty sequence of positive integers"):

@@ -1,10 +1,20 @@
 """Typed inputs and outputs of one `Engine.generate` call."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 
 # the decoding settings live in decode_spec.py; these names stay importable from here
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, MODES, DecodeSpec, check_k_config  # noqa: F401
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -19,20 +29,27 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # Checked here, by type too: a value the sampler cannot use (top_k=1.5, stop=[1], seed=None)
+        # would otherwise fail inside a forward mid-call, and a NaN temperature samples garbage silently.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            try:
+                object.__setattr__(self, "stop", tuple(self.stop))
+            except TypeError:
+                raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}") from None
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
