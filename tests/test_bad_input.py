@@ -82,6 +82,18 @@ def test_speculative_mode_without_a_draft():
         Engine(tiny_model()).generate([[1, 2]], SamplingParams(max_new_tokens=2), mode="sd")
 
 
+@pytest.mark.parametrize("prompts, message", [
+    ([1, 2, 3], r"prompt 0 is 1: .* a list inside the list: \[\[1, 2, 3\]\]"),  # one flat id list
+    (["ok", None], "prompt 1 is None: each prompt must be a string or a list of token ids"),
+    ([b"hi"], "prompt 0 is b'hi'"),  # bytes were read as the token ids 104, 105
+    ([[1.7, 2]], "prompt 0 holds 1.7: a prompt of token ids must hold integers only"),  # was truncated to 1
+    ([["a", "b"]], "prompt 0 holds 'a'"),
+])
+def test_prompts_that_are_neither_text_nor_token_ids_are_named(engine, prompts, message):
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, SamplingParams(max_new_tokens=2))
+
+
 def test_token_ids_outside_the_vocabulary(engine):
     with pytest.raises(ValueError, match="prompt 0 has a token id outside"):
         engine.generate([[1, 10_000]], SamplingParams(max_new_tokens=2))

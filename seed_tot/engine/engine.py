@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import threading
 import time
 from typing import Sequence as Seq
@@ -154,7 +155,7 @@ class Engine:
                     raise ValueError("string prompts need a tokenizer; pass token-id lists or a tokenizer")
                 ids = self.tokenizer(p, add_special_tokens=False)["input_ids"] if p else []
             else:
-                ids = [int(t) for t in p]
+                ids = _token_ids(i, p)
             if not ids:
                 raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
             if max(ids) >= self.target.get_input_embeddings().weight.shape[0] or min(ids) < 0:
@@ -460,6 +461,25 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
+
+
+def _token_ids(i: int, prompt) -> list[int]:
+    """Prompt i as token ids, or a ValueError saying what it is: int() alone would truncate 1.7 to 1,
+    read bytes as ids and fail on a flat id list with "'int' object is not iterable"."""
+    if isinstance(prompt, (int, bytes, bytearray)) or not hasattr(prompt, "__iter__"):
+        hint = " (one prompt of token ids is a list inside the list: [[1, 2, 3]])" if isinstance(prompt, int) else ""
+        raise ValueError(f"prompt {i} is {prompt!r}: each prompt must be a string or a list of token ids{hint}")
+    ids = []
+    for t in prompt:
+        try:
+            # ints, numpy ints and 0-d integer tensors; floats raise here, bools (ints to Python) below
+            ids.append(operator.index(t))
+            ok = not isinstance(t, bool)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"prompt {i} holds {t!r}: a prompt of token ids must hold integers only")
+    return ids
 
 
 def _with_draft(mode: str, policy) -> bool:
