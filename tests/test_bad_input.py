@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import CharTokenizer, tiny_model
-from seed_tot import Engine, SamplingParams
+from seed_tot import DecodeSpec, Engine, SamplingParams
 from seed_tot.engine.engine import check_same_vocabulary
 
 
@@ -92,6 +92,13 @@ def test_speculative_mode_without_a_draft():
 def test_prompts_that_are_neither_text_nor_token_ids_are_named(engine, prompts, message):
     with pytest.raises(ValueError, match=message):
         engine.generate(prompts, SamplingParams(max_new_tokens=2))
+
+
+def test_params_and_spec_in_the_wrong_argument_say_what_goes_where(engine):
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        engine.generate(["hi"], {"max_new_tokens": 2})  # was: 'dict' object has no attribute 'stop'
+    with pytest.raises(TypeError, match=r"goes in as spec=DecodeSpec\(\.\.\.\)"):
+        engine.generate(["hi"], SamplingParams(max_new_tokens=2), DecodeSpec(mode="sd"))  # was: unknown mode DecodeSpec(...)
 
 
 def test_token_ids_outside_the_vocabulary(engine):

@@ -179,7 +179,7 @@ class Engine:
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         spec = call_spec(spec, "ar", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                          draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
-        params = params or SamplingParams()
+        params = _sampling_params(params)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop running here: the normal, synchronous caller
@@ -210,7 +210,7 @@ class Engine:
         Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
         spec = call_spec(spec, "seed", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                          draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
-        return await self._agenerate(prompts, params or SamplingParams(), spec)
+        return await self._agenerate(prompts, _sampling_params(params), spec)
 
     async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
         if not self._scheduled(spec.mode):
@@ -461,6 +461,17 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
+
+
+def _sampling_params(params) -> SamplingParams:
+    """A call's params (None: the defaults); anything else failed later as "'dict' object has no
+    attribute 'stop'"."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams (e.g. SamplingParams(max_new_tokens=64)), "
+                        f"got {type(params).__name__}")
+    return params
 
 
 def _token_ids(i: int, prompt) -> list[int]:
