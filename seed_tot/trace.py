@@ -272,7 +272,7 @@ class TraceRecorder:
                                  {"tokens": e["tokens"]}))
             elif e["type"] in ("enqueue", "queue"):
                 queue.append((offset + e["t"], e["queue_len"]))
-        for (start, end), group in _verify_groups(call.events).items():
+        for (start, end), group in _verify_groups(call.events):
             out.append(_span(TID_TARGET, f"verify x{len(group)}", offset + start, offset + end,
                              {"workers": [g["worker"] for g in group], "accepted": [g["accepted"] for g in group]}))
         queue.append((call.end, 0))
@@ -354,13 +354,15 @@ def _event_offset(call: _Call, clock_origin: float) -> float:
     return max(call.start, call.end - last)
 
 
-def _verify_groups(events: list[dict]) -> dict[tuple[float, float], list[dict]]:
-    """One target forward verifies a whole batch: its events share (start, end)."""
-    groups: dict[tuple[float, float], list[dict]] = {}
+def _verify_groups(events: list[dict]) -> list[tuple[tuple[float, float], list[dict]]]:
+    """((start, end), its events) per target forward. One forward verifies a whole batch: its events
+    share their start, but each row's end is read as that row is committed, so grouping by (start,
+    end) drew one overlapping "verify x1" per row; the span ends when the last row is committed."""
+    groups: dict[float, list[dict]] = {}
     for e in events:
         if e["type"] == "verify":
-            groups.setdefault((e["start"], e["end"]), []).append(e)
-    return groups
+            groups.setdefault(e["start"], []).append(e)
+    return [((start, max(e["end"] for e in group)), group) for start, group in groups.items()]
 
 
 def _busy_intervals(calls: list[_Call], clock_origin: float) -> list[tuple[float, float, float]]:
@@ -373,7 +375,7 @@ def _busy_intervals(calls: list[_Call], clock_origin: float) -> list[tuple[float
     for call in calls:
         if call.events:
             offset = _event_offset(call, clock_origin)
-            spans = [(offset + s, offset + e) for s, e in _verify_groups(call.events)]
+            spans = [(offset + s, offset + e) for (s, e), _ in _verify_groups(call.events)]
             if offset > call.start:
                 spans.append((call.start, offset))
             occupied = sum(e - s for s, e in spans)

@@ -82,6 +82,29 @@ def test_trace_json_is_chrome_format_with_worker_verifier_queue_and_call_tracks(
     assert all(len(e["args"]["workers"]) == 1 for e in inner_of[id(calls[1])] if e["name"].startswith("verify"))
 
 
+def test_a_batched_verification_is_one_span_naming_every_row_it_verified(tmp_path, engine, no_gpu):
+    # each row of a batched forward records its own end (read as it is committed); the trace drew one
+    # "verify x1" per row, overlapping on the verifier track, instead of one "verify x3"
+    recorder = TraceRecorder(tmp_path, "batched")
+    recorder.start()
+    results = recorder.wrap(engine).generate([[1, 2, 3]] * 3, PARAMS, mode="seed", verify_batch="all")
+    events = results[0].stats.events
+    path = recorder.finish()
+    verifies = [e for e in events if e["type"] == "verify"]
+    assert max(e["batch"] for e in verifies) == 3  # the engine did verify three rows in one forward
+    spans = sorted((e for e in json.loads(path.read_text())["traceEvents"]
+                    if e["ph"] == "X" and e["tid"] == TID_TARGET and e["name"].startswith("verify")),
+                   key=lambda e: e["ts"])
+    # one span per target forward: the rows it lists are the rows the engine verified in it
+    assert sorted(len(e["args"]["workers"]) for e in spans) == sorted(
+        len([v for v in verifies if v["start"] == start]) for start in {v["start"] for v in verifies})
+    assert all(e["name"] == f"verify x{len(e['args']['workers'])}" for e in spans)
+    assert any(len(e["args"]["workers"]) == 3 for e in spans)
+    # slices on one track nest or follow each other (the Chrome format has no partial overlap)
+    for a, b in zip(spans, spans[1:]):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-6
+
+
 def test_without_a_gpu_the_trace_says_sampling_is_unavailable(tmp_path, engine, no_gpu, caplog):
     with caplog.at_level(logging.WARNING, logger="seed_tot.trace"):
         _, path = _record(tmp_path, engine, modes=("ar",))
