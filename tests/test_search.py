@@ -180,6 +180,24 @@ def test_dfs_budget_falls_back_to_the_best_state_seen():
 
 
 # ---------------------------------------------------------------------------- LLMCaller
+def test_a_prompts_single_stop_string_is_one_stop_not_its_characters():
+    engine = ScriptedEngine(lambda user, copy: "1")
+    caller_for(engine).complete([Prompt("x", stop="\n\n"), Prompt("y", stop=["END"])], phase="value")
+    # stop="\n\n" used to stop at the first "\n" (tuple("\n\n")), and "END" at any E, N or D
+    assert [c.params.stop for c in engine.calls] == [("\n\n",), ("END",)]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(stop=None), "Prompt stop must be a string or a tuple of strings"),
+    (dict(stop=("",)), "Prompt stop strings must be non-empty strings"),
+    (dict(max_new_tokens=0), "Prompt max_new_tokens must be a positive integer or None"),
+    (dict(assistant_prefix=None), "Prompt assistant_prefix must be a string"),
+])
+def test_a_prompt_the_engine_cannot_run_is_refused_where_the_task_builds_it(fields, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        Prompt("x", **fields)
+
+
 def test_caller_varies_seeds_per_call_reproducibly_and_groups_by_stop():
     def seeds(key: str) -> list[int]:
         engine = ScriptedEngine(lambda user, copy: "1")

@@ -52,6 +52,25 @@ class Prompt:
     stop: tuple[str, ...] = ()
     max_new_tokens: int | None = None  # None: the search config's default
 
+    def __post_init__(self) -> None:
+        # Checked where the task builds it, so a mistake points at the task's own line. One stop
+        # string is one stop: read as a sequence, stop="\n\n" stopped at every "\n" and "END" at
+        # every "E", "N" and "D".
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, (list, tuple)):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise TypeError(f"Prompt stop must be a string or a tuple of strings, got {self.stop!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"Prompt stop strings must be non-empty strings, got {self.stop!r}")
+        for name in ("user", "assistant_prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Prompt {name} must be a string, got {getattr(self, name)!r}")
+        budget = self.max_new_tokens
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"Prompt max_new_tokens must be a positive integer or None (the run's), got {budget!r}")
+
 
 @dataclass
 class SearchConfig:
