@@ -102,6 +102,20 @@ def test_bfs_makes_one_thought_and_one_value_call_per_step():
     assert engine.user_of(engine.calls[-1].prompts[0]) == "answer e1 b/b2"
 
 
+def test_a_value_that_cannot_be_ranked_is_an_error_naming_the_task_and_method():
+    # NaN compares false with everything: BFS at breadth 1 kept "a" (NaN) over "b" (5.0) silently
+    nan_first = script(thoughts={"": ["a", "b", "c"]}, values={"a": float("nan"), "b": 5.0, "c": 1.0})
+    with pytest.raises(ValueError, match="task 'toy': parse_value returned NaN"):
+        bfs(caller_for(ScriptedEngine(nan_first)), ToyTask(), EXAMPLE, ToyTask().config)
+
+    class NoValue(ToyTask):
+        def parse_value(self, text: str) -> float:
+            return None  # a forgotten return
+
+    with pytest.raises(TypeError, match="task 'toy': parse_value returned None; a value must be a number"):
+        bfs(caller_for(ScriptedEngine(TWO_STEP)), NoValue(), EXAMPLE, ToyTask().config)
+
+
 def test_bfs_log_matches_official_tot_shape():
     result = bfs(caller_for(ScriptedEngine(TWO_STEP)), ToyTask(), EXAMPLE, ToyTask().config)
     first, second = result.steps

@@ -6,6 +6,7 @@ thought call and one value call -- the two batches the SEED scheduler accelerate
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -65,13 +66,27 @@ def evaluate_states(caller: LLMCaller, task: Task, example: Example, states: Seq
         seen.add(state)
         prior = prior_value(example, state) if prior_value is not None else None
         if prior is not None:
-            values[i] = float(prior)
+            values[i] = task_value(task, "prior_value", prior)
         else:
             to_ask.append(i)
     replies = caller.complete([task.value_prompt(example, states[i]) for i in to_ask], phase="value")
     for i, reply in zip(to_ask, replies):
-        values[i] = float(task.parse_value(reply))
+        values[i] = task_value(task, "parse_value", task.parse_value(reply))
     return [v if v is not None else DUPLICATE_VALUE for v in values]
+
+
+def task_value(task: Task, method: str, value: Any) -> float:
+    """A value a task's `method` returned, as a float, or an error naming the task and method. NaN
+    is refused: every comparison with it is false, so ranking and pruning would keep states at
+    random, and results.jsonl would hold a NaN that strict JSON readers reject."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"task {task.name!r}: {method} returned {value!r}; a value must be a number") from None
+    if math.isnan(number):
+        raise ValueError(f"task {task.name!r}: {method} returned NaN, which ranks against no other value; return a "
+                         f"number (for what it cannot read, a deliberate one, e.g. the lowest of its scale)")
+    return number
 
 
 def write_answer(caller: LLMCaller, task: Task, example: Example, state: State) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from seed_tot.view.node_work import search_with_node_work
 from .bfs import bfs
 from .config import RunSettings, with_search_config
 from .dfs import dfs
-from .expansion import SearchResult, state_to_json
+from .expansion import SearchResult, state_to_json, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
@@ -73,7 +73,7 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
     judge_prompt = getattr(task, "judge_prompt", None)
     if judge_prompt is not None:
         verdict = caller.complete([judge_prompt(example, result.prediction)], phase="judge")[0]
-        record["judge_score"] = float(task.parse_value(verdict))
+        record["judge_score"] = task_value(task, "parse_value", task.parse_value(verdict))
         record["judge_reply"] = verdict
     stats = caller.take_stats()
     phase_stats = {phase: stats.pop(phase, GenerationStats()).to_dict() for phase in REPORTED_PHASES}
