@@ -309,6 +309,7 @@ def _get_task(task_name):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with n, correct and accuracy.")
 def score(task_name, data, predictions, as_json):
     """Rescore saved predictions against the task's data."""
+    from seed_tot.search.expansion import task_score
     from seed_tot.tasks.loading import DataError, check_unique_ids, read_jsonl
 
     task = _get_task(task_name)
@@ -320,7 +321,7 @@ def score(task_name, data, predictions, as_json):
         example = examples.get(str(record["id"]))
         if example is None:
             raise DataError(f"{predictions}:{lineno}: id {record['id']!r} is not in the task's data")
-        rows.append(task.score(example, str(record["prediction"])))
+        rows.append(task_score(task, example, str(record["prediction"])))
     n = len(rows)
     if rows and "correct" in rows[0]:
         correct = sum(bool(r["correct"]) for r in rows)

@@ -116,6 +116,38 @@ def test_a_value_that_cannot_be_ranked_is_an_error_naming_the_task_and_method():
         bfs(caller_for(ScriptedEngine(TWO_STEP)), NoValue(), EXAMPLE, ToyTask().config)
 
 
+class StrExtend(ToyTask):
+    def extend(self, state, thought):
+        return thought  # a str, not a State
+
+
+class StrPrompt(ToyTask):
+    def value_prompt(self, example, state):
+        return f"value {example.id} {self.path(state)}"
+
+
+class NoPrediction(ToyTask):
+    def prediction(self, example, state, answer):
+        return None
+
+
+class BoolScore(ToyTask):
+    def score(self, example, prediction):
+        return prediction == example.data["gold"]
+
+
+@pytest.mark.parametrize("task, message", [
+    (StrExtend(), "task 'toy': extend returned str 'a', not a State"),  # was: 'str' object has no attribute 'thoughts'
+    (StrPrompt(), "the task's value_prompt returned str .*, not a Prompt"),  # was: no attribute 'max_new_tokens'
+    (NoPrediction(), "task 'toy': prediction returned None; it must return a string"),
+    (BoolScore(), "task 'toy': score returned (True|False); it must return a dict"),  # was: no attribute 'items'
+])
+def test_a_task_method_returning_the_wrong_type_is_an_error_naming_the_method(tmp_path, task, message):
+    with pytest.raises(TypeError, match=message):
+        solve_dataset(ScriptedEngine(TWO_STEP), task, [EXAMPLE], settings=RunSettings(search=task.config),
+                      output_dir=tmp_path)
+
+
 def test_bfs_log_matches_official_tot_shape():
     result = bfs(caller_for(ScriptedEngine(TWO_STEP)), ToyTask(), EXAMPLE, ToyTask().config)
     first, second = result.steps

@@ -46,6 +46,10 @@ def generate_thoughts(caller: LLMCaller, task: Task, example: Example, frontier:
     thoughts = caller.complete(prompts, phase="thought")
     parents = [state for state in frontier for _ in range(n_generate)]
     new_states = [task.extend(parent, thought) for parent, thought in zip(parents, thoughts)]
+    wrong = [s for s in new_states if not isinstance(s, State)]
+    if wrong:  # a tuple or str would fail later, far from the task, in its own methods
+        raise TypeError(f"task {task.name!r}: extend returned {type(wrong[0]).__name__} {wrong[0]!r}, not a State; "
+                        f"return State(state.thoughts + (thought,))")
     return thoughts, new_states
 
 
@@ -92,7 +96,19 @@ def task_value(task: Task, method: str, value: Any) -> float:
 def write_answer(caller: LLMCaller, task: Task, example: Example, state: State) -> tuple[str, str]:
     """(answer completion, prediction) from the chosen state."""
     answer = caller.complete([task.answer_prompt(example, state)], phase="answer")[0]
-    return answer, task.prediction(example, state, answer)
+    prediction = task.prediction(example, state, answer)
+    if not isinstance(prediction, str):  # what results.jsonl saves and `seed-tot score` rescores as text
+        raise TypeError(f"task {task.name!r}: prediction returned {prediction!r}; it must return a string")
+    return answer, prediction
+
+
+def task_score(task: Task, example: Example, prediction: str) -> dict[str, Any]:
+    """task.score's dict, or an error naming the task (anything else failed as "has no attribute 'items'")."""
+    score = task.score(example, prediction)
+    if not isinstance(score, dict):
+        raise TypeError(f"task {task.name!r}: score returned {score!r}; it must return a dict such as "
+                        f"{{\"correct\": bool}} or {{\"score\": float}}")
+    return score
 
 
 def rank_by_value(values: Sequence[float]) -> list[int]:

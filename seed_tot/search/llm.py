@@ -126,6 +126,10 @@ class LLMCaller:
             raise ValueError(f"unknown phase {phase!r}; expected one of {', '.join(PHASES)}")
         if not prompts:
             return []
+        wrong = [p for p in prompts if not isinstance(p, Prompt)]
+        if wrong:  # else an AttributeError on its missing max_new_tokens
+            raise TypeError(f"the task's {phase}_prompt returned {type(wrong[0]).__name__} {wrong[0]!r}, not a Prompt; "
+                            f"return Prompt(user=..., stop=(...), ...) from seed_tot.search.protocol")
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
         for i, prompt in enumerate(prompts):
             max_tokens = self.budget(prompt)

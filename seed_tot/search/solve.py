@@ -25,7 +25,7 @@ from seed_tot.view.node_work import search_with_node_work
 from .bfs import bfs
 from .config import RunSettings, with_search_config
 from .dfs import dfs
-from .expansion import SearchResult, state_to_json, task_value
+from .expansion import SearchResult, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
 from .results_file import ResultsFileError, prepare_results_file, summarize_records
@@ -67,7 +67,7 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
     result, node_work = search_with_node_work(caller, task, example,
                                               lambda: run_search(caller, task, example, settings, algorithm))
     record: dict[str, Any] = {"id": example.id, "input": example.data, "prediction": result.prediction}
-    for key, value in task.score(example, result.prediction).items():
+    for key, value in task_score(task, example, result.prediction).items():
         # a task's own fields ("answer", "gold", ...) stay top-level unless they clash with ours
         record[f"score_{key}" if key in RECORD_FIELDS else key] = value
     judge_prompt = getattr(task, "judge_prompt", None)
