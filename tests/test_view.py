@@ -172,6 +172,15 @@ def test_view_command_writes_one_self_contained_page(tmp_path):
     assert [r["label"] for r in data["runs"]] == ["run", "run2"] and len(data["problems"]) == len(QUESTIONS)
 
 
+@pytest.mark.parametrize("name", ["__DATA__", "__SCRIPT__"])
+def test_a_run_named_like_a_placeholder_is_only_its_name_on_the_page(tmp_path, name):
+    # placeholders were replaced one after another, so a title holding one got the data or the script
+    html = write_page([solve_run(tmp_path / name)], tmp_path / "p.html").read_text()
+    assert re.search(r"<title>(.*?)</title>", html).group(1) == f"seed-tot: {name}"
+    assert html.count('id="run-data"') == 1 and html.count("JSON.parse(") == 1
+    assert page_data(html)["runs"][0]["label"] == name
+
+
 def test_write_page_labels_runs_with_the_same_name_by_their_parent(tmp_path):
     a, b = solve_run(tmp_path / "x" / "run"), solve_run(tmp_path / "y" / "run")
     data = page_data(write_page([a, b], tmp_path / "p.html").read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,12 +33,11 @@ def embed_json(data: Any) -> str:
 
 
 def render_page(data: dict[str, Any], title: str) -> str:
-    page = _static("page.html")
-    # the data goes in last, so no placeholder text inside a run's thoughts is ever replaced
-    for placeholder, text in (("__TITLE__", html.escape(title)), ("__STYLE__", _static("page.css")),
-                              ("__SCRIPT__", _static("page.js"))):
-        page = page.replace(placeholder, text)
-    return page.replace("__DATA__", embed_json(data))
+    # one pass over the template, so no placeholder text inside what is put in is ever replaced: a
+    # run directory named "__DATA__" put the whole JSON in the title, one named "__SCRIPT__" the script
+    parts = {"__TITLE__": html.escape(title), "__STYLE__": _static("page.css"), "__SCRIPT__": _static("page.js"),
+             "__DATA__": embed_json(data)}
+    return re.sub("|".join(parts), lambda match: parts[match.group(0)], _static("page.html"))
 
 
 def _clean_numbers(value: Any) -> Any:
