@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import CharTokenizer, tiny_model
 from seed_tot import DecodeSpec, Engine, SamplingParams
+from seed_tot.engine import engine as engine_module
 from seed_tot.engine.engine import check_same_vocabulary
 
 
@@ -99,6 +101,17 @@ def test_params_and_spec_in_the_wrong_argument_say_what_goes_where(engine):
         engine.generate(["hi"], {"max_new_tokens": 2})  # was: 'dict' object has no attribute 'stop'
     with pytest.raises(TypeError, match=r"goes in as spec=DecodeSpec\(\.\.\.\)"):
         engine.generate(["hi"], SamplingParams(max_new_tokens=2), DecodeSpec(mode="sd"))  # was: unknown mode DecodeSpec(...)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8", torch.int64])
+def test_from_pretrained_refuses_a_dtype_that_is_not_a_float_before_loading_anything(monkeypatch, dtype):
+    # "bf16" was an AttributeError ("module 'torch' has no attribute 'bf16'") after the tokenizer loaded
+    def load_tokenizer(name):
+        raise AssertionError("the tokenizer loaded before the dtype was checked")
+
+    monkeypatch.setattr(engine_module, "load_tokenizer", load_tokenizer)
+    with pytest.raises(ValueError, match="is not a floating torch dtype; expected float32, bfloat16 or float16"):
+        Engine.from_pretrained(dtype=dtype, device="cpu")
 
 
 def test_token_ids_outside_the_vocabulary(engine):

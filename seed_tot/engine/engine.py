@@ -78,6 +78,7 @@ class Engine:
         a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
+        dtype = _torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
         dev = resolve_device(device)
         if dev.type != "cpu":
             return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
@@ -86,8 +87,6 @@ class Engine:
 
     @classmethod
     def _load(cls, target, draft, dev, dtype, draft_layers, load_draft, forward_thread) -> "Engine":
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
         target = target or default_target()
         tokenizer = load_tokenizer(target)
         from .drafters import is_drafter_dir, load_drafter, shipped_drafter_for
@@ -461,6 +460,15 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
+
+
+def _torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A floating torch dtype, given as one or by name ("bfloat16"), or None (the device's default)."""
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if dtype is not None and not (isinstance(resolved, torch.dtype) and resolved.is_floating_point):
+        raise ValueError(f"dtype {dtype!r} is not a floating torch dtype; expected float32, bfloat16 or float16 "
+                         f"(a torch.dtype or its name)")
+    return resolved
 
 
 def _sampling_params(params) -> SamplingParams:
