@@ -33,6 +33,8 @@ GREEDY = SamplingParams(max_new_tokens=6, temperature=0)
     ("mode", "beam", "unknown mode 'beam'; expected one of ar, parallel, sd, mcsd, seed"),
     ("k_config", (2, 0), "k_config must be a non-empty sequence of positive integers"),
     ("k_config", "2,x", "k_config must be a sequence of positive integers"),
+    ("k_config", (1.5, 2), "k_config must be a sequence of positive integers"),  # ran as (1, 2)
+    ("k_config", (True,), "k_config must be a sequence of positive integers"),
     ("n_workers", 0, "n_workers must be a positive integer or None"),
     ("verify_batch", "every", "verify_batch must be a positive integer, None or 'all'"),
     ("verify_batch", 0, "verify_batch must be a positive integer"),

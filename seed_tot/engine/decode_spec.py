@@ -46,6 +46,9 @@ def check_k_config(k_config: Any) -> tuple[int, ...]:
     if isinstance(k_config, str):
         k_config = [part for part in k_config.replace(" ", "").strip("()").split(",") if part]
     try:
+        # int() alone would truncate, (1.5, 2) ran as (1, 2); like the batch sizes, no float or bool is a count
+        if any(isinstance(c, (float, bool)) for c in k_config):
+            raise ValueError
         k = tuple(int(c) for c in k_config)
     except (TypeError, ValueError):
         raise DecodeSpecError("k_config", f"k_config must be a sequence of positive integers, got {k_config!r}") from None
