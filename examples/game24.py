@@ -141,7 +141,8 @@ class Game24:
     name = "game24"
 
     def __init__(self, config: SearchConfig | None = None):
-        # 3 steps take 4 numbers to 1; ToT samples several steps per state and keeps 5.
+        # 3 steps take 4 numbers to 1; ToT samples several steps per state and keeps the best few
+        # (2 here, a small default; game24.yaml keeps 5 as ToT did).
         # max_new_tokens caps every call; extra gives each kind of call its own smaller budget.
         self.config = config or SearchConfig(depth=3, n_generate=3, breadth=2, temperature=0.7,
                                              max_new_tokens=96, value_threshold=1.0,
