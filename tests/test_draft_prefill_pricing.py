@@ -151,3 +151,42 @@ def test_no_call_probes_where_even_a_perfect_draft_could_not_repay_the_prefill()
     policy = AutoPolicy(FLAT, max_len=4, prior=0.05, probe_every=1)
     assert decode_saving(1.0, FLAT, 4, 1) * 2 <= FLAT.draft(2000)
     assert not any(policy.drafts_call(2000, 1, GREEDY_2) for _ in range(20))
+
+
+def _row(index: int, greedy: bool = True):
+    from types import SimpleNamespace
+    params = SamplingParams(max_new_tokens=8, temperature=0 if greedy else 1.0)
+    return SimpleNamespace(index=index, done=False, draft=None, pending=lambda draft: [1],
+                           rule=SimpleNamespace(params=params))
+
+
+# a forward whose cost steps with its query rows: 2 tokens cost twice 1, 9 cost as little as 1
+STEPPED = Costs(0.1, 0.0, 0.005, ((1, 0.1), (2, 0.2), (6, 0.2), (9, 0.1), (64, 0.8)), ((1, 0.005), (32, 0.05)))
+
+
+def test_a_row_drafts_what_its_batch_plan_gives_even_where_alone_it_would_not():
+    policy = AutoPolicy(STEPPED, max_len=2, prior=0.6)
+    rows = [_row(i) for i in range(3)]
+    assert policy.choose(_row(9)) == 0  # alone, a draft never pays on this forward
+    policy.plan_batch(rows, 3)
+    assert [policy.choose(r) for r in rows] == [2, 2, 2]  # 3 rows x 3 tokens: the cheap 9-token forward
+
+
+def test_greedy_rows_start_from_what_earlier_sequences_saw_and_sampled_rows_from_the_prior():
+    from seed_tot.engine.draft_tree import DraftTree
+    from seed_tot.engine.verify import Acceptance
+    import torch
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.5)
+    earlier = _row(0)
+    tree = DraftTree([-1, 0, 1, 2], [0] * 4, torch.empty(0, 4), q_index=[-1] * 4)
+    for _ in range(10):  # every drafted token accepted
+        policy.observe(earlier, tree, Acceptance([0, 1, 2, 3], [0] * 5, False))
+    assert policy.call_alpha() > 0.9
+    assert policy.alpha(_row(1, greedy=True)) > 0.9
+    assert policy.alpha(_row(2, greedy=False)) == pytest.approx(0.5)
+    # the same holds for a call's price: a sampled call is priced at the prior, never probed
+    budget = SamplingParams(max_new_tokens=16, temperature=1.0)
+    greedy_budget = SamplingParams(max_new_tokens=16, temperature=0)
+    assert decode_saving(0.5, FLAT, 4, 2) * 32 <= FLAT.draft(20) < decode_saving(0.95, FLAT, 4, 2) * 32
+    assert policy.drafts_call(20, 2, greedy_budget)
+    assert not any(policy.drafts_call(20, 2, budget) for _ in range(20))

@@ -90,7 +90,8 @@ def test_greedy_load_aware_auto_equals_the_target_alone_with_rows_of_different_l
     results = Engine(target, draft).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0),
                                              mode="seed", draft_policy=policy, draft_batch=None, verify_batch=None)
     assert [r.token_ids for r in results] == [reference_greedy(target, p, 24) for p in prompts]
-    assert {0, 1, 2} <= {r["drafted"] for r in policy.records}  # plans varied between rounds and rows
+    drafted = {r["drafted"] for r in policy.records}
+    assert 0 in drafted and len(drafted) >= 3  # plans varied between rounds and rows
 
 
 def test_sampled_rows_plan_alone_by_default_so_batched_seed_samples_what_sd_samples():

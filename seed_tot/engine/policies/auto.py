@@ -2,7 +2,8 @@
 
 Costs come from a short calibration on the running hardware, cached per machine (engine/cost_model.py:
 `load_costs`, `Costs`). The acceptance estimate is a running, decayed per-token acceptance rate
-of each sequence, starting from a prior. For a chain of K drafted tokens with per-token acceptance alpha:
+of each sequence, starting from the policy's estimate over every sequence so far (the option
+`prior` before any). For a chain of K drafted tokens with per-token acceptance alpha:
     tokens(K) = (1 - alpha^(K+1)) / (1 - alpha)        time(K) = K * t_draft + t_target(K + 1)
 and K = 0 (a plain target step, no draft forward at all) competes with the rest, so a draft that
 hardly ever agrees costs nothing but the occasional probe: when K = 0 wins, a one-token probe is
@@ -191,13 +192,24 @@ class AutoPolicy(DraftPolicy):
     def _seq(self, seq) -> _SeqState:
         return self._state.setdefault(id(seq), _SeqState(0.0, 0.0, 0, self.probe_every))
 
+    def _pooled(self, params: SamplingParams | None) -> bool:
+        """Whether a row with these params may read what other sequences saw: the rows `load` plans
+        together. A sampled row under load=greedy reads only its own history and the prior, so its
+        sample for a seed never depends on what ran before or beside it."""
+        return params is not None and (self.load == "all" or (self.load == "greedy" and params.greedy))
+
     def alpha(self, seq) -> float:
+        """A sequence's acceptance estimate: its own judged drafts, starting from what every sequence
+        so far saw (`call_alpha`; a ToT search's later calls start where its earlier ones left), or
+        from the prior for a row that must not read them (`_pooled`)."""
         s = self._seq(seq)
-        return (s.hits + self.prior * self.prior_weight) / (s.trials + self.prior_weight)
+        rule = getattr(seq, "rule", None)
+        start = self.call_alpha() if self._pooled(getattr(rule, "params", None)) else self.prior
+        return (s.hits + start * self.prior_weight) / (s.trials + self.prior_weight)
 
     def call_alpha(self) -> float:
-        """The acceptance a call is priced at before it drafts: every sequence's judged drafts so far,
-        else the prior (a sequence's own estimate, `alpha`, still starts from the prior)."""
+        """The acceptance a call is priced at before it drafts, and where a new sequence's estimate
+        starts: every sequence's judged drafts so far (decayed), else the prior."""
         return (self._hits + self.prior * self.prior_weight) / (self._trials + self.prior_weight)
 
     def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
@@ -205,7 +217,8 @@ class AutoPolicy(DraftPolicy):
         forward (None: all `rows`), repays the draft's prefill."""
         if not self.price_prefill or rows < 1:
             return True
-        alpha = self.call_alpha()
+        pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior, never probed
+        alpha = self.call_alpha() if pooled else self.prior
         per_token = decode_saving(alpha, self.costs, self.max_len, min(load or rows, rows))
         saving = rows * params.max_new_tokens * per_token
         cost = self.costs.draft(prefill_tokens)
@@ -216,8 +229,8 @@ class AutoPolicy(DraftPolicy):
         # Where a better draft could repay the prefill, every _call_gap-th declined call drafts anyway
         # (the gap doubles, as a sequence's probes do); where even a perfect one could not, none does.
         best = rows * params.max_new_tokens * decode_saving(1.0, self.costs, self.max_len, min(load or rows, rows))
-        self._declined += best > cost
-        if best > cost and self._declined >= self._call_gap:
+        self._declined += pooled and best > cost
+        if pooled and best > cost and self._declined >= self._call_gap:
             self._declined, self._call_gap = 0, min(MAX_PROBE_GAP, 2 * self._call_gap)
             log.info("auto: a call of %d rows drafts as a probe (acceptance estimate %.2f)", rows, alpha)
             return True
@@ -242,10 +255,12 @@ class AutoPolicy(DraftPolicy):
 
     def choose(self, seq) -> int:
         s = self._seq(seq)
-        k = best_length(self.alpha(seq), self.costs, self.max_len)
         planned = self._planned.pop(id(seq), None)
-        if k > 0:  # worth drafting alone; how far depends on what shares the forwards
-            return k if planned is None else planned
+        # the batch's plan where there is one: what shares the forwards decides, both ways (a CPU
+        # forward whose cost steps with its query rows can make a draft pay in a crowd and not alone)
+        k = best_length(self.alpha(seq), self.costs, self.max_len) if planned is None else planned
+        if k > 0:
+            return k
         s.plain_rounds += 1
         if s.plain_rounds >= s.probe_gap:  # look again: the draft may have started to agree
             s.plain_rounds = 0
