@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import threading
 import time
 from typing import Sequence as Seq
@@ -15,6 +14,7 @@ from .model_runtime import ModelRuntime
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
                      load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
+from .call_inputs import encode_prompts, sampling_params, torch_dtype
 from .params import GenerationResult, GenerationStats, SamplingParams
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
@@ -78,7 +78,7 @@ class Engine:
         a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
-        dtype = _torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
+        dtype = torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
         dev = resolve_device(device)
         if dev.type != "cpu":
             return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
@@ -143,24 +143,7 @@ class Engine:
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + assistant_prefix
 
     def encode(self, prompts: Seq[str] | Seq[Seq[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Seq):
-            raise ValueError("prompts must be a list of strings or a list of token-id lists")
-        if len(prompts) == 0:
-            raise ValueError("prompts is empty: pass at least one prompt")
-        encoded = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                if self.tokenizer is None:
-                    raise ValueError("string prompts need a tokenizer; pass token-id lists or a tokenizer")
-                ids = self.tokenizer(p, add_special_tokens=False)["input_ids"] if p else []
-            else:
-                ids = _token_ids(i, p)
-            if not ids:
-                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-            if max(ids) >= self.target.get_input_embeddings().weight.shape[0] or min(ids) < 0:
-                raise ValueError(f"prompt {i} has a token id outside the model's vocabulary")
-            encoded.append(ids)
-        return encoded
+        return encode_prompts(prompts, self.tokenizer, self.target.get_input_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
@@ -178,7 +161,7 @@ class Engine:
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         spec = call_spec(spec, "ar", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                          draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
-        params = _sampling_params(params)
+        params = sampling_params(params)
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop running here: the normal, synchronous caller
@@ -209,7 +192,7 @@ class Engine:
         Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
         spec = call_spec(spec, "seed", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                          draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
-        return await self._agenerate(prompts, _sampling_params(params), spec)
+        return await self._agenerate(prompts, sampling_params(params), spec)
 
     async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
         if not self._scheduled(spec.mode):
@@ -460,45 +443,6 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
-
-
-def _torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """A floating torch dtype, given as one or by name ("bfloat16"), or None (the device's default)."""
-    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if dtype is not None and not (isinstance(resolved, torch.dtype) and resolved.is_floating_point):
-        raise ValueError(f"dtype {dtype!r} is not a floating torch dtype; expected float32, bfloat16 or float16 "
-                         f"(a torch.dtype or its name)")
-    return resolved
-
-
-def _sampling_params(params) -> SamplingParams:
-    """A call's params (None: the defaults); anything else failed later as "'dict' object has no
-    attribute 'stop'"."""
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be a SamplingParams (e.g. SamplingParams(max_new_tokens=64)), "
-                        f"got {type(params).__name__}")
-    return params
-
-
-def _token_ids(i: int, prompt) -> list[int]:
-    """Prompt i as token ids, or a ValueError saying what it is: int() alone would truncate 1.7 to 1,
-    read bytes as ids and fail on a flat id list with "'int' object is not iterable"."""
-    if isinstance(prompt, (int, bytes, bytearray)) or not hasattr(prompt, "__iter__"):
-        hint = " (one prompt of token ids is a list inside the list: [[1, 2, 3]])" if isinstance(prompt, int) else ""
-        raise ValueError(f"prompt {i} is {prompt!r}: each prompt must be a string or a list of token ids{hint}")
-    ids = []
-    for t in prompt:
-        try:
-            # ints, numpy ints and 0-d integer tensors; floats raise here, bools (ints to Python) below
-            ids.append(operator.index(t))
-            ok = not isinstance(t, bool)
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"prompt {i} holds {t!r}: a prompt of token ids must hold integers only")
-    return ids
 
 
 def _with_draft(mode: str, policy) -> bool:
