@@ -213,7 +213,8 @@ class Engine:
         with_draft = _with_draft(spec.mode, policy)
         # rows that share a forward: sd and mcsd run one row at a time, so each saves what a row alone does
         load = min([len(seqs)] + [n for n in (spec.n_workers, spec.verify_limit) if n is not None])
-        if with_draft and not policy.drafts_call(self._draft_prefill_tokens(seqs), len(seqs), params, load):
+        if with_draft and policy.prices_prefill and not policy.drafts_call(self._draft_prefill_tokens(seqs),
+                                                                           len(seqs), params, load):
             policy, with_draft = None, False  # plain target steps: the draft's prefill would cost more than it saves
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
         return seqs, future, start

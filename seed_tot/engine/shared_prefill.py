@@ -98,23 +98,26 @@ class PrefixStore:
         """A fork of the longest stored stretch that begins `tokens` (at most `limit` tokens of it),
         and its length; (None, 0) when none reaches MIN_SHARED."""
         with self._lock:
-            best, best_key = 0, None
-            for key in self._entries:
-                n = _common_length([key[:limit], tokens[:limit]])
-                if n > best:
-                    best, best_key = n, key
-            if best < MIN_SHARED:
+            best, best_key = self._match(tokens, limit)
+            if best_key is None:
                 return None, 0
             self._entries.move_to_end(best_key)
             return self._entries[best_key].fork(best), best
-
 
     def covered(self, tokens: list[int]) -> int:
         """How many of `tokens` a call would fork from the store (what `longest` finds), read without
         forking or refreshing an entry."""
         with self._lock:
-            best = max((_common_length([key, tokens]) for key in self._entries), default=0)
-        return best if best >= MIN_SHARED else 0
+            return self._match(tokens, len(tokens))[0]
+
+    def _match(self, tokens: list[int], limit: int) -> tuple[int, tuple[int, ...] | None]:
+        """The longest stored stretch beginning `tokens[:limit]`: its length and key; (0, None) below MIN_SHARED."""
+        best, best_key = 0, None
+        for key in self._entries:
+            n = _common_length([key[:limit], tokens[:limit]])
+            if n > best:
+                best, best_key = n, key
+        return (best, best_key) if best >= MIN_SHARED else (0, None)
 
 
 def tokens_to_score(runtime: ModelRuntime, prompts: list[list[int]], store: PrefixStore | None = None) -> int:

@@ -148,7 +148,7 @@ class AutoPolicy(DraftPolicy):
         self._state: dict[int, _SeqState] = {}
         self.load = load_option(self.name, load)
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
-        self.price_prefill = _prefill_option(self.name, prefill) == "priced"
+        self.prices_prefill = _prefill_option(self.name, prefill) == "priced"
         self._declined, self._call_gap = 0, probe_every  # calls declined in a row; the call-level probe's gap
         self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
 
@@ -215,12 +215,12 @@ class AutoPolicy(DraftPolicy):
     def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
         """Draft only when the most drafting can save over the call's budget, at `load` rows per
         forward (None: all `rows`), repays the draft's prefill."""
-        if not self.price_prefill or rows < 1:
+        if not self.prices_prefill or rows < 1:
             return True
         pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior, never probed
         alpha = self.call_alpha() if pooled else self.prior
-        per_token = decode_saving(alpha, self.costs, self.max_len, min(load or rows, rows))
-        saving = rows * params.max_new_tokens * per_token
+        tokens, shared = rows * params.max_new_tokens, min(load or rows, rows)
+        saving = tokens * decode_saving(alpha, self.costs, self.max_len, shared)
         cost = self.costs.draft(prefill_tokens)
         if saving > cost:
             self._declined, self._call_gap = 0, self.probe_every
@@ -228,9 +228,9 @@ class AutoPolicy(DraftPolicy):
         # A declined call teaches the estimate nothing, so a low one would decline every later call.
         # Where a better draft could repay the prefill, every _call_gap-th declined call drafts anyway
         # (the gap doubles, as a sequence's probes do); where even a perfect one could not, none does.
-        best = rows * params.max_new_tokens * decode_saving(1.0, self.costs, self.max_len, min(load or rows, rows))
-        self._declined += pooled and best > cost
-        if pooled and best > cost and self._declined >= self._call_gap:
+        could_pay = pooled and tokens * decode_saving(1.0, self.costs, self.max_len, shared) > cost
+        self._declined += could_pay
+        if could_pay and self._declined >= self._call_gap:
             self._declined, self._call_gap = 0, min(MAX_PROBE_GAP, 2 * self._call_gap)
             log.info("auto: a call of %d rows drafts as a probe (acceptance estimate %.2f)", rows, alpha)
             return True

@@ -124,6 +124,9 @@ class DraftPolicy:
     # policy before any forward on a model that cannot take those masks (ALiBi). True unless a policy
     # knows its rounds are chains, so a policy that says nothing is checked rather than failing mid-call
     drafts_trees = True
+    # whether `drafts_call` reads its prefill count: the engine counts the prompt tokens (a scan of the
+    # prompts and the draft's prefix store) only for a policy that prices them
+    prices_prefill = False
 
     @classmethod
     def parse_options(cls) -> dict:
