@@ -190,3 +190,43 @@ def test_greedy_rows_start_from_what_earlier_sequences_saw_and_sampled_rows_from
     assert decode_saving(0.5, FLAT, 4, 2) * 32 <= FLAT.draft(20) < decode_saving(0.95, FLAT, 4, 2) * 32
     assert policy.drafts_call(20, 2, greedy_budget)
     assert not any(policy.drafts_call(20, 2, budget) for _ in range(20))
+
+
+def test_a_call_is_priced_at_what_earlier_calls_of_its_kind_output_not_at_its_budget():
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+    answer = SamplingParams(max_new_tokens=64, temperature=0, stop=("\n",))
+    # at the whole budget drafting repays 100 prompt tokens; at 2 tokens per row it does not
+    assert decode_saving(0.8, FLAT, 4, 2) * 2 * 2 <= FLAT.draft(100) < decode_saving(0.8, FLAT, 4, 2) * 2 * 64
+    assert policy.drafts_call(100, 2, answer)
+    policy.call_finished(answer, [2, 2])
+    assert policy.expected_new_tokens(answer) == pytest.approx(2.0)
+    assert not policy.drafts_call(100, 2, answer)
+    # another kind of call (other stop strings, another budget) keeps its own budget
+    assert policy.drafts_call(100, 2, SamplingParams(max_new_tokens=64, temperature=0))
+    assert policy.drafts_call(100, 2, SamplingParams(max_new_tokens=63, temperature=0, stop=("\n",)))
+    # later calls of the kind that run long move the estimate back up
+    for _ in range(30):
+        policy.call_finished(answer, [64, 64])
+    assert policy.expected_new_tokens(answer) > 60 and policy.drafts_call(100, 2, answer)
+
+
+def test_a_sampled_call_under_load_greedy_is_priced_at_its_budget_whatever_ran_before():
+    policy = AutoPolicy(FLAT, max_len=4, prior=0.8)
+    sampled = SamplingParams(max_new_tokens=64, temperature=1.0)
+    policy.call_finished(sampled, [1, 1, 1])
+    assert policy.expected_new_tokens(sampled, pooled=False) == 64
+    assert policy.drafts_call(100, 2, sampled)
+
+
+class _Recording(AutoPolicy):
+    def call_finished(self, params, new_tokens):
+        self.finished = getattr(self, "finished", []) + [(params.max_new_tokens, new_tokens)]
+        super().call_finished(params, new_tokens)
+
+
+def test_the_engine_reports_every_priced_call_s_output_lengths_drafted_or_declined(engine):
+    policy = _Recording(FLAT, max_len=4, prior=0.8)
+    declined = engine.generate(_prompts(3, 150, 0), GREEDY_2, mode="seed", draft_policy=policy)
+    drafted = engine.generate([[5, 9, 2], [4, 4, 8, 1]], GREEDY_40, mode="seed", draft_policy=policy)
+    assert sum(r.stats.draft_prefills for r in declined) == 0 < sum(r.stats.draft_prefills for r in drafted)
+    assert policy.finished == [(2, [len(r.token_ids) for r in declined]), (40, [len(r.token_ids) for r in drafted])]

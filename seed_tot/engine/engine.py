@@ -213,10 +213,12 @@ class Engine:
         with_draft = _with_draft(spec.mode, policy)
         # rows that share a forward: sd and mcsd run one row at a time, so each saves what a row alone does
         load = min([len(seqs)] + [n for n in (spec.n_workers, spec.verify_limit) if n is not None])
-        if with_draft and policy.prices_prefill and not policy.drafts_call(self._draft_prefill_tokens(seqs),
-                                                                           len(seqs), params, load):
+        pricing = policy if with_draft and policy.prices_prefill else None
+        if pricing is not None and not pricing.drafts_call(self._draft_prefill_tokens(seqs), len(seqs), params, load):
             policy, with_draft = None, False  # plain target steps: the draft's prefill would cost more than it saves
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
+        if pricing is not None:  # what this call outputs prices the next one of its kind
+            future.add_done_callback(lambda done: _report_lengths(done, pricing, params, seqs))
         return seqs, future, start
 
     def resolve_batches(self, mode: str, verify_batch: int | str | None,
@@ -444,6 +446,12 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
             results.append(seq.result())
         return results
+
+
+def _report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence]) -> None:
+    """A priced call's output lengths to its policy, once it has finished (not when failed or cancelled)."""
+    if not future.cancelled() and future.exception() is None:
+        policy.call_finished(params, [len(seq.generated) for seq in seqs])
 
 
 def _with_draft(mode: str, policy) -> bool:

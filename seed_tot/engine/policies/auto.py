@@ -27,8 +27,11 @@ sample for a seed is the one it gets alone.
 The draft's prefill is priced too (option prefill=priced, the default; prefill=free skips this):
 before a call drafts at all, it weighs what scoring its prompts through the draft costs (the tokens
 `shared_prefill.tokens_to_score` counts, at the calibrated draft cost per token) against the most
-drafting can save over the call's budget, rows x max_new_tokens x what a token costs less at this
-load (`decode_saving`, at the running acceptance estimate of every sequence so far). A call whose
+drafting can save over the call's expected output, rows x new tokens per row x what a token costs
+less at this load (`decode_saving`, at the running acceptance estimate of every sequence so far).
+New tokens per row: max_new_tokens until a call of the same kind (budget and stop strings) has
+finished, then what such calls output, decayed (a ToT value call answers in a few tokens of its
+budget; pricing it at the whole budget overstates what drafting saves). A call whose
 prompts are long beside its budget (a ToT value prompt rates a state in a few tokens) then runs
 plain target steps: no draft cache, no draft forward, what `parallel` runs. A declined call teaches
 the estimate nothing, so where a better draft could repay the prefill, a declined call drafts now
@@ -151,6 +154,8 @@ class AutoPolicy(DraftPolicy):
         self.prices_prefill = _prefill_option(self.name, prefill) == "priced"
         self._declined, self._call_gap = 0, probe_every  # calls declined in a row; the call-level probe's gap
         self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
+        # per kind of call (_call_kind): [new tokens of its finished rows, rows], both decayed per call
+        self._lengths: dict[tuple, list[float]] = {}
 
     @classmethod
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
@@ -217,9 +222,9 @@ class AutoPolicy(DraftPolicy):
         forward (None: all `rows`), repays the draft's prefill."""
         if not self.prices_prefill or rows < 1:
             return True
-        pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior, never probed
-        alpha = self.call_alpha() if pooled else self.prior
-        tokens, shared = rows * params.max_new_tokens, min(load or rows, rows)
+        pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior and its
+        alpha = self.call_alpha() if pooled else self.prior  # budget, never probed
+        tokens, shared = rows * self.expected_new_tokens(params, pooled), min(load or rows, rows)
         saving = tokens * decode_saving(alpha, self.costs, self.max_len, shared)
         cost = self.costs.draft(prefill_tokens)
         if saving > cost:
@@ -234,10 +239,26 @@ class AutoPolicy(DraftPolicy):
             self._declined, self._call_gap = 0, min(MAX_PROBE_GAP, 2 * self._call_gap)
             log.info("auto: a call of %d rows drafts as a probe (acceptance estimate %.2f)", rows, alpha)
             return True
-        log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %d new tokens "
+        log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %.0f new tokens "
                  "(acceptance %.2f) against %.3f s of draft prefill (%d prompt tokens)", rows, saving,
-                 params.max_new_tokens, alpha, cost, prefill_tokens)
+                 tokens, alpha, cost, prefill_tokens)
         return False
+
+    def expected_new_tokens(self, params: SamplingParams, pooled: bool = True) -> float:
+        """New tokens per row a call with these params is priced at: what finished calls of its kind
+        output (decayed), else its budget. A row that must not read other calls (`_pooled`) gets its
+        budget, so that whether its call drafts, and thus its sample for a seed, depends on it alone."""
+        seen = self._lengths.get(_call_kind(params)) if pooled else None
+        if not seen or seen[1] <= 0:
+            return float(params.max_new_tokens)
+        return min(float(params.max_new_tokens), max(1.0, seen[0] / seen[1]))
+
+    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+        if not new_tokens:
+            return
+        seen = self._lengths.setdefault(_call_kind(params), [0.0, 0.0])
+        seen[0] = self.decay * seen[0] + sum(new_tokens)
+        seen[1] = self.decay * seen[1] + len(new_tokens)
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Plan this policy's rows of one batched draft round of `rows` rows in all. Rows planned
@@ -294,6 +315,11 @@ class AutoPolicy(DraftPolicy):
         if seq.done:
             self._state.pop(id(seq), None)
             self._planned.pop(id(seq), None)
+
+
+def _call_kind(params: SamplingParams) -> tuple:
+    """Calls whose rows stop by the same rules: a ToT search's thought calls, its value calls."""
+    return params.max_new_tokens, params.stop
 
 
 class _NoDraft(DraftRound):

@@ -153,6 +153,10 @@ class DraftPolicy:
         is lossless trivially. Default: always draft."""
         return True
 
+    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+        """Called once a call this policy priced (`prices_prefill`) has finished, drafted or declined,
+        with each row's count of new tokens (default: nothing to learn)."""
+
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Called before a batched draft round with this policy's sequences in it and the round's
         size (`rows`, every call's rows): a policy that prices its drafts by what shares the forwards
