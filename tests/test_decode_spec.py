@@ -176,6 +176,27 @@ def test_keyword_settings_still_work_and_decode_as_the_same_spec(llama_pair):
         engine.generate(PROMPTS, GREEDY, mode="sd", spec=DecodeSpec(mode="seed"))
 
 
+def test_a_call_that_names_no_mode_runs_the_engines_default_sync_or_async(llama_pair):
+    """seed where the engine can draft, parallel where it cannot; generate and agenerate agree."""
+    seen = []
+
+    class Spying(Engine):
+        def _resolved(self, spec):
+            seen.append(spec.mode)
+            return super()._resolved(spec)
+
+    drafting, plain = Spying(*llama_pair), Spying(llama_pair[0])
+    assert (drafting.default_mode, plain.default_mode) == ("seed", "parallel")
+    for engine in (drafting, plain):
+        out = engine.generate(PROMPTS, GREEDY)
+        out_async = asyncio.run(engine.agenerate(PROMPTS, GREEDY))
+        assert [r.token_ids for r in out] == [r.token_ids for r in out_async] == [
+            reference_greedy(llama_pair[0], p, GREEDY.max_new_tokens) for p in PROMPTS]
+    assert seen == ["seed", "seed", "parallel", "parallel"]
+    assert sum(r.stats.draft_forwards for r in drafting.generate(PROMPTS, GREEDY)) > 0
+    assert drafting.generate(PROMPTS, GREEDY, spec=DecodeSpec(mode="ar"))[0].stats.draft_forwards == 0
+
+
 def test_the_settings_objects_take_their_old_fields_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match="DecodingSettings"):
         decoding = DecodingSettings(mode="sd", verify_batch=None, max_new_tokens=16)

@@ -124,6 +124,13 @@ class Engine:
         return self.forward_thread.call(fn, *args, **kwargs)
 
     @property
+    def default_mode(self) -> str:
+        """The mode of a call that names none: seed where this engine can draft (a draft model, or
+        draft="lookup"), else parallel (every prompt in one batched forward per step). Sync and async
+        calls agree, as `seed-tot generate` does; greedy output is the target's in every mode."""
+        return "seed" if self.draft is not None or self.default_policy == "lookup" else "parallel"
+
+    @property
     def scheduler(self):
         """The engine's one SeedScheduler: every call of every thread and event loop goes through its
         step loop, so concurrent calls (e.g. `solve --concurrency`) share its batched forwards."""
@@ -146,12 +153,13 @@ class Engine:
         return encode_prompts(prompts, self.tokenizer, self.target.get_input_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts, params: SamplingParams | None = None, mode: str = "ar",
+    def generate(self, prompts, params: SamplingParams | None = None, mode: str | None = None,
                  k_config=(1, 1, 1), n_workers: int | None = None, verify_batch: int | str | None = AUTO_BATCH,
                  draft_policy=None, policy_options: dict | None = None,
                  draft_batch: int | str | None = AUTO_BATCH, *, spec: DecodeSpec | None = None) -> list[GenerationResult]:
         """Generate for every prompt; results come back in prompt order.
         The decoding settings come as one `spec=DecodeSpec(...)` (decode_spec.py) or as these keywords:
+        mode: ar, parallel, sd, mcsd or seed (None: `default_mode`, seed where the engine can draft);
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
         workers drafted per draft forward (None or "all": all that are ready; 1: one row per draft forward, the paper's;
         "auto", the default: see `resolve_batches`).
@@ -159,8 +167,10 @@ class Engine:
         "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
-        spec = call_spec(spec, "ar", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
-                         draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
+        default = self.default_mode
+        spec = call_spec(spec, default, mode=default if mode is None else mode, k_config=k_config, n_workers=n_workers,
+                         verify_batch=verify_batch, draft_policy=draft_policy, policy_options=policy_options,
+                         draft_batch=draft_batch)
         params = sampling_params(params)
         try:
             asyncio.get_running_loop()
@@ -182,7 +192,7 @@ class Engine:
         generate_parallel(self.target, seqs, params, self.vocab_size)
         return self._finish(seqs, start)
 
-    async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str = "seed",
+    async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str | None = None,
                         k_config=(1, 1, 1), n_workers: int | None = None,
                         verify_batch: int | str | None = AUTO_BATCH, draft_policy=None,
                         policy_options: dict | None = None,
@@ -190,8 +200,10 @@ class Engine:
                         spec: DecodeSpec | None = None) -> list[GenerationResult]:
         """The coroutine form, for callers that already run an event loop (settings as in `generate`).
         Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
-        spec = call_spec(spec, "seed", mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
-                         draft_policy=draft_policy, policy_options=policy_options, draft_batch=draft_batch)
+        default = self.default_mode
+        spec = call_spec(spec, default, mode=default if mode is None else mode, k_config=k_config, n_workers=n_workers,
+                         verify_batch=verify_batch, draft_policy=draft_policy, policy_options=policy_options,
+                         draft_batch=draft_batch)
         return await self._agenerate(prompts, sampling_params(params), spec)
 
     async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
