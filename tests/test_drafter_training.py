@@ -286,3 +286,33 @@ def test_new_training_data_beside_a_checkpoint_trained_on_other_data_is_refused(
     with pytest.raises(ValueError, match=r"checkpoint\.pt: trained on data made with other settings \(draft "
                                          r"'shipped' -> 'self'\); use another --out or delete it"):
         checkpoints.check_same_data(tmp_path, meta_path, {"draft": "self", "max_new_tokens": 8})
+
+
+
+def test_drafter_blocksworld_prompts_hold_no_problem_of_the_default_evaluation_set_and_no_6_step_one():
+    """With 6-step generated instances, train-drafter's seed 0 (the shipped drafter's) drew all ten instances
+    that `solve blocksworld` without --data evaluates on, so the drafter was trained on its test problems;
+    PlanBench's step_6 instances are 6-step too, so no training instance may be."""
+    from seed_tot.search.protocol import State
+    from seed_tot.tasks import get_task
+    from seed_tot.tasks.blocksworld_sim import optimal_plan, parse_problem
+    from seed_tot.training.drafter_data import task_prompts
+
+    class Renderer:  # the engine's render_prompt, without a model
+        @staticmethod
+        def render_prompt(user, assistant_prefix):
+            return user
+
+    evaluated = get_task("blocksworld")
+    eval_prompts = {evaluated.thought_prompt(e, State()).user for e in evaluated.load(None)}
+    statements = {}  # a thought prompt's problem statement -> its instance
+    for seed in range(3):
+        task = get_task("blocksworld")
+        task.n_random, task.plan_length, task.seed = 48, 6, seed
+        for length in (4, 6, 8):
+            task.plan_length = length
+            statements.update({task.thought_prompt(e, State()).user: e for e in task.load(None)})
+        prompts = task_prompts(Renderer, [{"question": f"q{i}"} for i in range(96)], ("blocksworld",), seed=seed)
+        assert len(prompts) == 48 and not eval_prompts & set(prompts)
+        known = [statements[p] for p in prompts if p in statements]
+        assert all(len(optimal_plan(parse_problem(e.data["problem_pddl"]))) != 6 for e in known)
