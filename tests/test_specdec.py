@@ -127,7 +127,27 @@ def test_train_head_command_writes_a_loadable_head(tiny_model_dirs, tmp_path):
     assert again.exit_code == 0 and "reusing" in again.output
 
 
-def test_specdec_in_batched_seed_drafts_several_rows_per_forward_and_equals_target_alone():
+
+def test_train_head_refuses_a_test_split(tmp_path):
+    """train-drafter and drafter-vocab refused a file named like a test split; train-head read GSM8K test."""
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 + 2?"}) + "\n")
+    result = CliRunner().invoke(main, ["train-head", "--data", str(data), "--out", str(tmp_path / "h")])
+    assert result.exit_code == 2 and "looks like a test split" in result.output
+
+
+def test_train_head_with_another_seed_does_not_resume_the_first_seeds_data_and_checkpoint(tiny_model_dirs, tmp_path):
+    """--seed draws the responses and the mixing, but was not among the cached data's settings: a rerun with
+    --seed 1 into the same --out reused seed 0's rows and checkpoint and saved them as its own."""
+    target, draft = tiny_model_dirs
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"question": q}) for q in ["What is 2+3?", "Add 4 and 5.", "Is 7 odd?"]))
+    args = ["train-head", "--target", target, "--draft", draft, "--data", str(data), "--max-examples", "3",
+            "--steps", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "head"), "--device", "cpu"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    other = CliRunner().invoke(main, args + ["--seed", "1"])
+    assert other.exit_code != 0 and "seed 0 -> 1" in other.output, other.output
+
     """A policy that reads the draft's hidden states keeps batched drafting (one capture holds the
     batch, each row reads its own entries) and stays exact."""
     target = tiny_model("llama", seed=3)

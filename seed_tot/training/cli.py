@@ -9,6 +9,8 @@ import click
 
 from seed_tot.cli_options import model_options
 
+from .data_source import refuse_test_split
+
 log = logging.getLogger(__name__)
 DATA_FILE = "data.safetensors"
 
@@ -48,12 +50,14 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
     from .specdec_data import HeadData, generate_data
     from .specdec_train import train_head
 
+    refuse_test_split(data_file, "train heads")
     out = Path(out_dir)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
     trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
                    "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
-                   "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples}
+                   "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples,
+                   "seed": seed}  # it draws the responses (temperature > 0) and the mixing: other data
     data_path, meta_path = out / DATA_FILE, out / "data.json"
     if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == trained_for:
         tensors = load_file(str(data_path))

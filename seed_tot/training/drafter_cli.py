@@ -9,6 +9,7 @@ import click
 
 from seed_tot.cli_options import check_device, check_dtype
 
+from .data_source import refuse_test_split
 from .samples import DATA_FILE
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,7 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     on stderr), save DIR/drafter.safetensors + DIR/drafter.json and report held-out acceptance."""
     from seed_tot import Engine
 
-    if "test" in Path(data_file).stem.lower():  # a drafter tuned on test questions would inflate every measurement
-        raise click.BadParameter(f"{data_file} looks like a test split; train drafters on training data "
-                                 f"(e.g. gsm8k/train.jsonl)", param_hint="--data")
+    refuse_test_split(data_file, "train drafters")
     if target_features and method != "parallelspec":
         raise click.BadParameter("only a parallelspec drafter can read the target's hidden states",
                                  param_hint="--target-features")

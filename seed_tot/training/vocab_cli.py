@@ -38,6 +38,7 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
     from seed_tot.engine.drafters.storage import CONFIG, read_config
     from seed_tot.tasks.loading import load_records
 
+    from .data_source import refuse_test_split
     from .drafter_data import records_tokens, special_ids, unpack
     from .samples import DATA_FILE
 
@@ -54,8 +55,7 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
         token_lists = [s.tokens[s.start:] for s in unpack(load_file(str(root / DATA_FILE)))]
         source = f"{root / DATA_FILE} (the target's responses)"
     elif data_file is not None:
-        if "test" in Path(data_file).stem.lower():
-            raise click.BadParameter(f"{data_file} looks like a test split; count training data", param_hint="--data")
+        refuse_test_split(data_file, "count tokens")
         records = load_records(data_file, required=("question",), limit=max_examples)
         token_lists = records_tokens(engine, records, [t for t in tasks.split(",") if t])
         source = f"{data_file} ({len(records)} records: rendered prompts and answers)"
