@@ -88,6 +88,32 @@ def test_training_beats_the_best_constant_on_a_known_label_function(tmp_path):
     assert resumed.heldout_loss == pytest.approx(result.heldout_loss, rel=1e-4)  # resumed at step 300: no more steps
 
 
+
+def test_an_interrupted_and_resumed_head_training_equals_an_uninterrupted_one(tmp_path):
+    """A resumed run drew its batches from a generator seeded with the resumed step (not the one an
+    uninterrupted run had advanced) and forgot the best validation weights found before the interruption."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(600, 16, generator=gen)
+    data = HeadData(hidden, torch.sigmoid(3 * hidden[:, 0] - 2 * hidden[:, 1]))
+
+    def run(out, stop_at=None):
+        def progress(step, loss):
+            if step == stop_at:
+                raise KeyboardInterrupt
+        torch.manual_seed(0)
+        head = AcceptanceHead(16, layers=1, width=32)
+        return head, train_head(head, data, steps=30, out=out, lr=1e-2, batch=32, checkpoint_every=10,
+                                progress=progress)
+
+    straight, straight_result = run(tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed", stop_at=17)  # the checkpoint holds step 10
+    resumed, resumed_result = run(tmp_path / "resumed")
+    assert resumed_result == straight_result
+    for key, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+
+
 def test_head_trained_for_other_models_is_refused(tmp_path):
     save_head(AcceptanceHead(8, layers=1), tmp_path, {"target": "T", "draft": "D"})
     load_head(tmp_path, "T", "D")

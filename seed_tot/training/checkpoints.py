@@ -28,8 +28,9 @@ def check_same_data(out: Path, meta_path: Path, meta: dict) -> None:
                      f"use another --out or delete it to start over")
 
 
-def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
-    """Load out/checkpoint.pt into `module` (stored under `key`) and `optim`; the step to go on from (0: fresh)."""
+def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, extra: dict | None = None) -> int:
+    """Load out/checkpoint.pt into `module` (stored under `key`) and `optim`; the step to go on from (0: fresh).
+    `extra` gets the trainer's own entries that `save` stored beside them."""
     ckpt = out / CHECKPOINT
     if not ckpt.is_file():
         return 0
@@ -43,9 +44,12 @@ def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Opti
         raise ValueError(f"{ckpt}: a checkpoint of another model ({detail}); "
                          f"use another --out or delete it to start over") from None
     optim.load_state_dict(state["optim"])
+    if extra is not None:
+        extra.update({name: value for name, value in state.items() if name not in (key, "optim", "step")})
     log.info("resuming %s at step %d", ckpt, int(state["step"]))
     return int(state["step"])
 
 
-def save(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, step: int) -> None:
-    torch.save({key: module.state_dict(), "optim": optim.state_dict(), "step": step}, out / CHECKPOINT)
+def save(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, step: int,
+         extra: dict | None = None) -> None:
+    torch.save({**(extra or {}), key: module.state_dict(), "optim": optim.state_dict(), "step": step}, out / CHECKPOINT)

@@ -71,8 +71,8 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
     train, val = split(train, heldout_fraction, seed + 1)
     optim = torch.optim.AdamW(head.parameters(), lr=lr)
     out.mkdir(parents=True, exist_ok=True)
-    step = checkpoints.resume(out, "head", head, optim)
-    generator = torch.Generator().manual_seed(seed + step)
+    kept: dict = {}
+    step = checkpoints.resume(out, "head", head, optim, kept)
 
     def val_loss() -> float:
         head.eval()
@@ -81,9 +81,20 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
         head.train()
         return loss
 
-    best_loss, best_state = val_loss(), copy.deepcopy(head.state_dict())
+    # the best weights so far live in the checkpoint beside the last ones: a run resumed after an interruption
+    # (or extended with more --steps) goes on from the last weights and still knows the best before it
+    if "best" in kept:
+        best_loss, best_state = float(kept["best_loss"]), kept["best"]
+    else:
+        best_loss, best_state = val_loss(), copy.deepcopy(head.state_dict())
+
+    def save() -> None:
+        checkpoints.save(out, "head", head, optim, step, {"best": best_state, "best_loss": torch.tensor(best_loss)})
+
     head.train()
     while step < steps:
+        # one generator per step, as the drafter's: a resumed run draws the batches an uninterrupted one draws
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
         idx = torch.randint(len(train.labels), (min(batch, len(train.labels)),), generator=generator)
         loss = weighted_bce(head(train.hidden[idx]), train.labels[idx], w_acc, w_rej)
         optim.zero_grad()
@@ -97,9 +108,8 @@ def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_ac
             if current < best_loss:
                 best_loss, best_state = current, copy.deepcopy(head.state_dict())
         if step % checkpoint_every == 0 or step == steps:
-            checkpoints.save(out, "head", head, optim, step)
+            save()  # the last weights: a rerun with more --steps goes on from them as one longer run would
     head.load_state_dict(best_state)  # early stopping: the weights of the best validation loss
-    checkpoints.save(out, "head", head, optim, step)  # so a rerun resumes to these weights, not the last ones
     head.eval()
     with torch.no_grad():
         held_loss = float(weighted_bce(head(held.hidden), held.labels, w_acc, w_rej))
