@@ -122,8 +122,17 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     prompt = engine.encode(["Tom has"])[0]
     generated = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode="seed")[0]
     assert generated.token_ids == reference_greedy(engine.target, prompt, 10)
-    # rerun with soft labels: cached data, resumed at the last step, the target's T=1 distributions computed,
-    # acceptance measured at T=1 too and both in the card
+    # with soft labels into the same --out: its checkpoint (hard labels, finished) would be resumed at its last
+    # step and saved under a card saying soft labels, so it is refused, naming the setting
+    refused = CliRunner().invoke(main, args + ["--distill-temperature", "1.0"])
+    assert refused.exit_code != 0 and "distill_temperature 0.0 -> 1.0" in refused.output, refused.output
+    # into a new --out beside a copy of the cached data: the target's T=1 distributions computed, acceptance
+    # measured at T=1 too and both in the card
+    out = tmp_path / "soft"
+    out.mkdir()
+    for name in ("data.safetensors", "data.json", "data_cost.json"):
+        (out / name).write_bytes((tmp_path / "drafter" / name).read_bytes())
+    args[args.index("--out") + 1] = str(out)
     again = CliRunner().invoke(main, args + ["--distill-temperature", "1.0"])
     assert again.exit_code == 0 and "reusing 5 cached samples" in again.output, again.output
     sampled = json.loads(again.stdout[again.stdout.index("{"):])["heldout_sampled"]

@@ -10,6 +10,7 @@ import torch
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
+SETTINGS = "train_settings.json"  # what check_same_training compares a resumed run's settings with
 
 
 def check_same_data(out: Path, meta_path: Path, meta: dict) -> None:
@@ -22,10 +23,35 @@ def check_same_data(out: Path, meta_path: Path, meta: dict) -> None:
         old = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         old = {}
-    differ = [f"{key} {old.get(key)!r} -> {meta.get(key)!r}" for key in sorted(set(old) | set(meta))
-              if old.get(key) != meta.get(key)] if isinstance(old, dict) and old else ["unknown settings"]
-    raise ValueError(f"{out / CHECKPOINT}: trained on data made with other settings ({'; '.join(differ)}); "
+    raise ValueError(f"{out / CHECKPOINT}: trained on data made with other settings ({_differences(old, meta)}); "
                      f"use another --out or delete it to start over")
+
+
+def check_same_training(out: Path, settings: dict) -> None:
+    """Before training resumes `out`'s checkpoint: the settings that shape its weights besides the data and
+    the step count (learning rate, batch, labels, ...) must be the ones it was trained with. A rerun with
+    another --lr or --distill-temperature went on from the checkpoint (at its last step: trained nothing)
+    and wrote a model card naming the new settings, so the card's command did not reproduce the weights.
+    Refused, naming what differs; the settings are recorded in out/train_settings.json."""
+    path = out / SETTINGS
+    if (out / CHECKPOINT).is_file():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # a checkpoint from before the settings were recorded: trust the rerun
+            log.warning("%s: no record of the settings it was trained with; resuming it with this run's", out)
+            old = settings
+        if old != settings:
+            raise ValueError(f"{out / CHECKPOINT}: trained with other settings ({_differences(old, settings)}); "
+                             f"use another --out or delete it to start over")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def _differences(old, new: dict) -> str:
+    if not isinstance(old, dict) or not old:
+        return "unknown settings"
+    return "; ".join(f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in sorted(set(old) | set(new))
+                     if old.get(key) != new.get(key))
 
 
 def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, extra: dict | None = None) -> int:

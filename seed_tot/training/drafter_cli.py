@@ -116,6 +116,10 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "context": context, "seed": seed,
                  "heldout": heldout}
     data_path, meta_path, cost_path = out / DATA_FILE, out / "data.json", out / "data_cost.json"
+    checkpoints.check_same_training(out, {
+        "method": method, "k": k, "layers": layers, "batch": batch, "lr": lr, "max_groups": max_groups, "seed": seed,
+        "distill_temperature": distill_temperature, "target_features": target_features, "draft_vocab": vocab_size,
+        "vocab_examples": vocab_examples})
     gen_start = time.perf_counter()
     if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == data_meta:
         samples = unpack(load_file(str(data_path)))
