@@ -149,6 +149,8 @@ def test_train_head_command_writes_a_loadable_head(tiny_model_dirs, tmp_path):
     assert report["steps"] == 20 and report["rows"] > 0
     head, trained_for = load_head(out, target, draft)
     assert trained_for["temperature"] == 0.0
+    card = (out / "MODEL_CARD.md").read_text()  # a model card beside the weights, stating the command and the loss
+    assert f"--data {data}" in card and "--steps 20" in card and f"{report['heldout_loss']:.4f}" in card
     again = CliRunner().invoke(main, args)  # cached data, finished checkpoint: resumes
     assert again.exit_code == 0 and "reusing" in again.output
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from pathlib import Path
 
 import click
@@ -85,4 +86,30 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
     report = {"steps": result.steps, "heldout_loss": result.heldout_loss,
               "best_constant_heldout_loss": result.constant_loss, "best_constant": result.constant,
               "rows": len(data.labels), "head": str(out)}
+    (out / "MODEL_CARD.md").write_text(model_card(trained_for, layers, report, command_line(click.get_current_context())),
+                                       encoding="utf-8")
     click.echo(json.dumps(report, indent=2))
+
+
+def command_line(ctx: click.Context) -> str:
+    """The command that ran, every option spelled out (defaults too: a later default must not change what the
+    card's command reproduces)."""
+    parts = [f"seed-tot {ctx.info_name}"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is not None and param.opts[0].startswith("--"):
+            parts.append(f"{param.opts[0]} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+def model_card(trained_for: dict, layers: int, report: dict, command: str) -> str:
+    """The head's card: what it is for, its data, how it compares with a constant, the command that made it."""
+    sampling = "greedy" if not trained_for["temperature"] else (
+        f"T={trained_for['temperature']:g}, top-k {trained_for['top_k']}, top-p {trained_for['top_p']:g}")
+    return f"""# SpecDec++ acceptance head for {Path(str(trained_for['target'])).name} drafting with {Path(str(trained_for['draft'])).name}
+
+- **What**: {layers} residual block(s) over the draft's hidden state, predicting the probability that the target accepts the token drafted from it (`head.safetensors`, `head.json`). Read by `--draft-policy specdec --head DIR` (and `auto` when given); refused beside another target or draft.
+- **Data**: {report['rows']} rows from the target's {sampling} responses ({trained_for['max_new_tokens']} tokens) to the first {trained_for['max_examples']} questions of `{Path(str(trained_for['data'])).name}` (a *train* split; no test data), mix rate {trained_for['mix_rate']}, rejection weight {trained_for['w_rej']}, seed {trained_for['seed']}.
+- **Training**: {report['steps']} steps, the weights of the best validation loss; held-out weighted BCE {report['heldout_loss']:.4f} against {report['best_constant_heldout_loss']:.4f} for the best constant ({report['best_constant']:.3f}).
+- **Reproduce**: `{command}`
+"""
