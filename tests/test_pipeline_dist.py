@@ -65,6 +65,25 @@ def test_killed_stage_is_a_clear_error_within_the_timeout_and_leaves_no_process(
     assert multiprocessing.active_children() == []
 
 
+
+def test_outputs_larger_than_a_pipe_buffer_come_back(pair, monkeypatch):
+    """Rank 0 hands its outputs to the launcher through a pipe, and the launcher read them only once every rank
+    had exited: past 64 KiB rank 0's put waited for a reader that waited for it, until the timeout."""
+    from seed_tot.engine.pipeline import launcher
+
+    big = ["x" * (1 << 20)]  # what many prompts' or long outputs' results weigh, without generating them
+
+    def run_rank(rank, *job):  # a forked rank runs this in place of the pipeline
+        return big if rank == 0 else []
+
+    monkeypatch.setattr(launcher, "run_rank", run_rank)
+    target, draft = pair
+    out = launch(ModelSource(target, draft), PROMPTS, SamplingParams(max_new_tokens=2), PipelineConfig(n_stages=2),
+                 96, target_layers=3, timeout_s=30, start_method="fork")
+    assert out == big
+    assert multiprocessing.active_children() == []
+
+
 def test_port_in_use_is_a_clear_error(pair):
     target, draft = pair
     with socket.socket() as busy:

@@ -192,8 +192,14 @@ def launch(source: ModelSource, prompts: list[list[int]], params: SamplingParams
     procs = mp.start_processes(_worker, args=(port, timeout_s, results, *job), nprocs=cfg.n_stages + 1, join=False,
                                start_method=start_method)
     deadline = time.monotonic() + timeout_s
+    outputs = None
     try:
         while not procs.join(timeout=0.2):
+            # read rank 0's outputs while it writes them: the queue is a pipe, and a put larger than the pipe's
+            # buffer (64 KiB on Linux; many prompts or long outputs) blocks until it is read, so waiting for
+            # every rank to exit first held rank 0 in its put until the timeout
+            if outputs is None and not results.empty():
+                outputs = results.get()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the {cfg.n_stages}-stage pipeline did not finish within {timeout_s:.0f}s; "
                                    f"all its processes were stopped")
@@ -202,7 +208,7 @@ def launch(source: ModelSource, prompts: list[list[int]], params: SamplingParams
         raise RuntimeError(_failure(err, procs, cfg)) from None
     finally:
         _stop(procs)
-    return results.get()
+    return outputs if outputs is not None else results.get()
 
 
 def _stop(procs) -> None:
