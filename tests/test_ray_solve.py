@@ -223,6 +223,32 @@ def test_resume_crosses_between_single_process_and_ray_both_ways(keeper, problem
         assert by_id(records) == by_id(ref_records)
 
 
+
+class RenamedEngine:
+    """An engine that names another target: what a run with another --target records."""
+
+    def __init__(self, engine):
+        self.engine, self.target_name = engine, "other-target"
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_resume_with_other_models_is_refused_both_ways_between_ray_and_single_process(
+        keeper, problems, reference_engine, tmp_path):
+    """The Ray driver recorded no model names, so records of one --target were resumed with another, either way."""
+    task, examples, _ = problems
+    settings = settings_for(task, 0.0)
+    solve_dataset_ray(keeper.get(), task, examples[:1], settings=settings, output_dir=tmp_path / "ray")
+    assert json.loads((tmp_path / "ray" / "run.json").read_text())["models"]["target"] == reference_engine.target_name
+    with pytest.raises(ValueError, match="models.target"):
+        solve_dataset(RenamedEngine(reference_engine), task, examples, settings=settings, output_dir=tmp_path / "ray",
+                      resume=True)
+    solve_dataset(RenamedEngine(reference_engine), task, examples[:1], settings=settings, output_dir=tmp_path / "one")
+    with pytest.raises(ValueError, match="models.target"):
+        solve_dataset_ray(keeper.get(), task, examples, settings=settings, output_dir=tmp_path / "one", resume=True)
+
+
 def test_a_killed_actor_has_its_problem_retried_elsewhere(keeper, problems, reference, tmp_path, caplog):
     task, examples, _ = problems
     pool = keeper.get()

@@ -32,7 +32,7 @@ from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS
 from .config import RunSettings
 from .llm import GenerationEngine, LLMCaller
 from .protocol import Example, Task
-from .solve import ResultsRecorder, resolve_algorithm, solve_example
+from .solve import ResultsRecorder, model_names, resolve_algorithm, solve_example
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,10 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
         raise RayRunError("this pool's actors were stopped (Ctrl-C or shutdown); start a new EnginePool")
     algorithm = resolve_algorithm(settings, algorithm)
     task_ref = ray.put(task)  # shipped once, not once per problem
+    # the actors' model names, as a single-process run records its engine's: a resume with other models is
+    # refused whichever way it crosses, and run.json names what made the records
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume) as recorder:
+                         resume=resume, models=model_names(pool.model_names)) as recorder:
         queue = deque(_Job(ex) for ex in recorder.todo)
         live = [i for i in range(len(pool.actors)) if i not in pool.retired]
         idle = [w for _ in range(pool.concurrency) for w in live]  # one entry per free search slot, spread out

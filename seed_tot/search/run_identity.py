@@ -100,8 +100,8 @@ _DRAFTING = ("k_config", "draft_policy", "policy_options")  # read only by modes
 def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
     """What a record's content depends on, flat: the task, the settings but how rows are scheduled
     (and those the run's mode or algorithm never reads), and the models by file or repository name
-    (the same model installed elsewhere resumes; the draft only where the mode drafts; a Ray
-    driver names none)."""
+    (the same model installed elsewhere resumes; the draft only where the mode drafts; a caller
+    that does not know them names none)."""
     settings = {k: v for k, v in identity.get("settings", {}).items() if k not in _SCHEDULING}
     drafts = settings.get("mode") in DRAFTING_MODES
     if not drafts:
