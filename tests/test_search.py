@@ -367,6 +367,21 @@ def test_resume_with_other_settings_is_refused_naming_each_difference(tmp_path: 
                          resume=True)["n"] == 3
 
 
+def test_a_resume_over_other_problems_with_the_same_ids_is_refused_naming_the_id(tmp_path: Path):
+    """Ids are line indexes in most data files, so a resume given another file (GSM8K train for
+    test) finds "its" ids done: those problems were skipped and other problems' records counted
+    in their place. A record answers its id only if its input is that problem's."""
+    run(tmp_path)
+    other = [dataclasses.replace(ex, data={**ex.data, "question": "another"}) for ex in EXAMPLES]
+    task = ToyTask()
+    with pytest.raises(ResultsFileError) as err:
+        solve_dataset(ScriptedEngine(TWO_STEP), task, other, settings=load_settings(None, base=task.config),
+                      output_dir=tmp_path, resume=True)
+    message = str(err.value)
+    assert "results.jsonl:1" in message and "id 'e1'" in message and "3 of the requested" in message
+    assert len(read_lines(tmp_path)) == 3  # nothing appended
+
+
 def _named(target: str, draft: str) -> ScriptedEngine:
     engine = ScriptedEngine(TWO_STEP)
     engine.target_name, engine.draft_name = target, draft

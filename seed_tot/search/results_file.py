@@ -61,6 +61,40 @@ def prepare_results_file(path: Path, resume: bool) -> dict[str, dict[str, Any]]:
     return records
 
 
+def check_same_problems(path: Path, done: dict[str, dict[str, Any]], examples: Sequence[Any]) -> None:
+    """Raise ResultsFileError when a record in `path` holds, under a requested example's id, another
+    problem's input. Most data files have no ids (an id is the line index), so a resume given
+    another file (GSM8K train after test) would find "its" ids done, skip those problems and count
+    the other problems' records as theirs."""
+    differing = [ex for ex in examples if ex.id in done and isinstance(done[ex.id].get("input"), dict)
+                 and _canonical(done[ex.id]["input"]) != _canonical(ex.data)]
+    if not differing:
+        return
+    first = differing[0]
+    recorded, requested = json.loads(_canonical(done[first.id]["input"])), json.loads(_canonical(first.data))
+    fields = sorted(k for k in set(recorded) | set(requested) if _canonical(recorded.get(k)) != _canonical(requested.get(k)))
+    raise ResultsFileError(
+        f"{path}:{_line_of(path, first.id)}: the record of id {first.id!r} was made for another problem "
+        f"(its {', '.join(fields)} differ{'s' * (len(fields) == 1)} from the data's); {len(differing)} of the "
+        f"requested ids are in that state: resume with the data these records were made from, or pass another --output")
+
+
+def _canonical(value: Any) -> str:
+    """One JSON spelling of a problem's input: as a record stores it (tuples as lists, keys as text)."""
+    return json.dumps(json.loads(json.dumps(value, ensure_ascii=False, default=str)), sort_keys=True)
+
+
+def _line_of(path: Path, record_id: str) -> int | None:
+    """The 1-based line of `record_id`'s record (read again only to word an error)."""
+    for lineno, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            if str(json.loads(line)["id"]) == record_id:
+                return lineno
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def _rewrite(path: Path, lines: list[bytes]) -> None:
     """Replace the file atomically, so a crash here leaves either the old or the new file."""
     tmp = path.with_name(path.name + ".tmp")

@@ -28,7 +28,7 @@ from .dfs import dfs
 from .expansion import SearchResult, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
-from .results_file import ResultsFileError, prepare_results_file, summarize_records
+from .results_file import ResultsFileError, check_same_problems, prepare_results_file, summarize_records
 from .run_identity import RUN_FILE, check_resumed_run, recorded_models, run_identity, write_run_identity
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ class ResultsRecorder:
         positions = sorted(first.values())
         distinct = [examples[i] for i in positions]
         check_unique_ids([ex.id for ex in distinct], [f"example {i}" for i in positions])
+        check_same_problems(self.results_path, self.done, distinct)
         self.requested_ids = [ex.id for ex in distinct]
         pending = {ex.id: ex for ex in distinct if ex.id not in self.done}
         self.todo = [pending[i] for i in self.requested_ids if i in pending]
