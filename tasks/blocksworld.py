@@ -12,7 +12,6 @@ import functools
 import logging
 import random
 import re
-from pathlib import Path
 from typing import Any
 
 from seed_tot.prompts import task_prompts
@@ -20,7 +19,7 @@ from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
 
 from .blocksworld_sim import (BlocksProblem, PddlError, describe_goal, describe_state, find_action,
                               parse_problem, random_instance, validate_plan)
-from .loading import DataError, load_records
+from .loading import load_records, type_name
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +80,10 @@ class Blocksworld:
         if path is None:
             records = self.random_records()
             records = records[offset:None if limit is None else offset + limit]
-            lines: list[int] = []
         else:
-            records = load_records(path, required=("problem_pddl",), limit=limit, offset=offset)
-            lines = _record_lines(Path(path))
-        examples = []
-        for i, record in enumerate(records):
-            try:
-                if not isinstance(record["problem_pddl"], str):
-                    raise PddlError("problem_pddl must be a string")
-                _parse(record["problem_pddl"])
-            except PddlError as err:
-                where = f"{path}:{lines[offset + i]}" if offset + i < len(lines) else f"{path or 'generated'}"
-                raise DataError(f"{where} (id {record['id']}): malformed problem_pddl: {err}") from None
-            examples.append(Example(id=record["id"], data=record))
-        return examples
+            records = load_records(path, required=("problem_pddl",), limit=limit, offset=offset,
+                                   check=_check_record)
+        return [Example(id=record["id"], data=record) for record in records]
 
     def random_records(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
@@ -229,7 +217,11 @@ def _shown(thought: str) -> str:
     return thought[len(UNPARSED):] if thought.startswith(UNPARSED) else thought
 
 
-def _record_lines(file: Path) -> list[int]:
-    """1-based line numbers of the file's records (its non-blank lines), to name a bad record."""
-    with file.open(encoding="utf-8") as fh:
-        return [n for n, line in enumerate(fh, 1) if line.strip()]
+def _check_record(record: dict[str, Any]) -> None:
+    """A problem the simulator can read (load_records names the file and line of one it cannot)."""
+    try:
+        if not isinstance(record["problem_pddl"], str):
+            raise PddlError(f"problem_pddl must be a string, got {type_name(record['problem_pddl'])}")
+        _parse(record["problem_pddl"])
+    except PddlError as err:
+        raise ValueError(f"malformed problem_pddl: {err}") from None

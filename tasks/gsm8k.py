@@ -15,7 +15,7 @@ from typing import Any
 
 from seed_tot.prompts import task_prompts
 from seed_tot.search.protocol import Example, Prompt, SearchConfig, State
-from seed_tot.tasks.loading import load_records
+from seed_tot.tasks.loading import load_records, type_name
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ class GSM8K:
 
     # --- data -------------------------------------------------------------------------------
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
-        records = load_records(path, hub=HUB, required=("question", "answer"), limit=limit, offset=offset)
+        records = load_records(path, hub=HUB, required=("question", "answer"), limit=limit, offset=offset,
+                               check=check_record)
         return [Example(id=r["id"], data=r) for r in records]
 
     # --- prompts ----------------------------------------------------------------------------
@@ -176,9 +177,25 @@ class GSM8K:
         return "\n".join(parts)
 
     def score(self, example: Example, prediction: str) -> dict[str, Any]:
-        gold = extract_answer(example.data["answer"])
+        gold = extract_answer(str(example.data["answer"]))
         answer = extract_answer(prediction)
         return {"correct": answers_match(answer, gold), "answer": answer, "gold": gold}
+
+
+def check_record(record: dict[str, Any]) -> None:
+    """What the prompts and the scorer read: a question as text, and a gold answer (a GSM8K
+    solution ending in "#### N", or the number itself) that holds a number: without one, every
+    prediction would be scored wrong."""
+    question, answer = record["question"], record["answer"]
+    if not isinstance(question, str):
+        raise ValueError(f"question must be text, got {type_name(question)}")
+    if not question.strip():
+        raise ValueError("question is empty")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise ValueError(f"answer must be text or a number, got {type_name(answer)}")
+    if extract_answer(str(answer)) is None:
+        raise ValueError(f"answer holds no number ({str(answer)[:60]!r}); expected a solution ending in "
+                         f"'#### N', or the number N")
 
 
 def _answered(state: State) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from seed_tot.hub import offline_mode, unreachable_hub
 from seed_tot.search.protocol import DuplicateIdError, check_unique_ids
@@ -21,12 +21,13 @@ class DataError(ValueError):
     """Bad task data: the message names the file, the line and what was expected."""
 
 
-__all__ = ["DataError", "check_unique_ids", "check_window", "load_records", "read_jsonl"]
+__all__ = ["DataError", "check_unique_ids", "check_window", "load_records", "read_jsonl", "type_name"]
 
 
 def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = None,
                  required: tuple[str, ...] = (), text_field: str | None = None,
-                 limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+                 limit: int | None = None, offset: int = 0,
+                 check: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Records with an `id` (the 0-based line index as a string when the record has none).
 
     path: a `.jsonl`/`.json` file (one object per line) or, with `text_field`, a text file whose
@@ -34,6 +35,9 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
     `hub = (name, config, split)`, which needs network access. Ids must be unique (checked over
     the whole source, before `offset`/`limit`): two records with one id are a DataError naming
     both lines, since a search would solve only one of them and a rescore would mix them up.
+    check: the task's look at each record it will use (those in the window); the ValueError it
+    raises becomes a DataError naming the file, line and id, so that a record the task cannot
+    read is refused before any model loads rather than failing mid-search.
     """
     check_window(limit, offset)
     if path is None:
@@ -87,7 +91,18 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
     if records and offset >= len(records):
         raise DataError(f"--offset {offset} is past the end: {path or hub[0]} has {len(records)} records")
     end = None if limit is None else offset + limit
+    if check is not None:
+        for place, record in zip(where[offset:end], records[offset:end]):
+            try:
+                check(record)
+            except ValueError as err:
+                raise DataError(f"{place} (id {record['id']}): {err}") from None
     return records[offset:end]
+
+
+def type_name(value: Any) -> str:
+    """A value's type as a data file spells it (JSON's null, not Python's NoneType)."""
+    return "null" if value is None else type(value).__name__
 
 
 def check_window(limit: int | None, offset: int) -> None:

@@ -1,6 +1,7 @@
 """GSM8K task: answer extraction and comparison, value parsing, prompts, loading (no models)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,27 @@ def test_missing_answer_field_error_names_the_field(task, tmp_path):
     bad.write_text('{"question": "q"}\n', encoding="utf-8")
     with pytest.raises(DataError, match=r":1: missing field\(s\) answer"):
         task.load(str(bad))
+
+
+@pytest.mark.parametrize("record, words", [
+    ({"question": None, "answer": "#### 1"}, "question must be text, got null"),
+    ({"question": "q", "answer": ["#### 1"]}, "answer must be text or a number, got list"),
+    ({"question": "q", "answer": "forty-two"}, "answer holds no number"),
+])
+def test_a_record_the_search_or_the_scorer_cannot_read_names_file_line_and_field(task, tmp_path, record, words):
+    """A null question failed as an AttributeError in the first prompt, after the model had loaded,
+    and a gold answer without a number scored every prediction wrong without a word."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n\n' + json.dumps(record) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{bad}:3 \(id 1\): {words}"):
+        task.load(str(bad))
+
+
+def test_a_gold_answer_given_as_a_bare_number_scores(task, tmp_path):
+    file = tmp_path / "numbers.jsonl"
+    file.write_text('{"question": "q", "answer": 72}\n{"question": "q", "answer": "1,200"}\n', encoding="utf-8")
+    first, second = task.load(str(file))
+    assert task.score(first, "The answer is 72.")["correct"] and task.score(second, "The answer is 1200")["correct"]
 
 
 def test_unknown_prompt_set_is_a_clear_error():
