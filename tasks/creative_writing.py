@@ -36,6 +36,8 @@ _OPENERS = {"a", "an", "the", "he", "she", "it", "i", "you", "we", "they", "ther
             "my", "his", "her", "our", "their", "just", "if", "when", "as", "in", "on", "after"}
 _QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"'})
 _SCORE_RE = re.compile(r"coherency score is\D{0,5}?(\d+(?:\.\d+)?)", re.IGNORECASE)
+# "8/10", "8 out of 10": a score on the 1-10 scale whose 10 is not a score itself
+_OF_TEN_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*10\b", re.IGNORECASE)
 _LABEL_RE = re.compile(r"^\s*(?:plan|passage)\s*:\s*", re.IGNORECASE)
 
 VALUE_MIN, VALUE_MAX = 1.0, 10.0
@@ -173,8 +175,9 @@ class CreativeWriting:
                       max_new_tokens=self._tokens("value_max_new_tokens"))
 
     def parse_value(self, text: str) -> float:
-        """s from the last "coherency score is s"; else the last number in 1-10; clamped."""
-        found = _SCORE_RE.findall(text)
+        """s from the last "coherency score is s"; else the last "s/10" or "s out of 10"; else the
+        last number in 1-10; clamped."""
+        found = _SCORE_RE.findall(text) or _OF_TEN_RE.findall(text)
         if found:
             return min(max(float(found[-1]), VALUE_MIN), VALUE_MAX)
         in_range = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", text)

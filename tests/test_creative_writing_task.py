@@ -99,6 +99,14 @@ def test_parse_value_reads_coherency_score_with_fallbacks(task, reply, expected)
     assert task.parse_value(reply) == expected
 
 
+@pytest.mark.parametrize("reply", ["Coherent overall. Score: 8/10", "I would rate it 8 out of 10.",
+                                   "Rating: 8 / 10 (paragraph 3 is abrupt)"])
+def test_a_score_written_as_a_fraction_of_ten_reads_as_its_numerator(task, reply):
+    """The fallback took the last number in 1-10, so "8/10" and "8 out of 10" (the way a model
+    that skips "Thus the coherency score is" writes a score) all read as a perfect 10."""
+    assert task.parse_value(reply) == 8.0
+
+
 def test_score_all_four_endings_match(task, example):
     assert task.score(example, PASSAGE) == {"score": 1.0, "ends_match": True}
 
