@@ -98,6 +98,18 @@ def test_parse_action_accepts_pddl_and_planbench_english(text, expected):
     assert parse_action(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("put down a blue block", Action("put-down", ("b",))),
+    ("stack a blue block on top of a red block", Action("stack", ("b", "a"))),
+    ("stack the red block on an orange block", Action("stack", ("a", "c"))),
+    ("pick up the a block", Action("pick-up", ("a",))),
+])
+def test_the_article_a_before_a_colour_is_not_block_a(text, expected):
+    """A bare letter names a block (PDDL's objects a, b, ...), so "a blue block" was read as block
+    a, the red one: "stack a blue block on top of a red block" became (stack a b)."""
+    assert parse_action(text) == expected
+
+
 def test_canonical_english_round_trips_through_the_parser():
     for name, args in [("pick-up", ("a",)), ("put-down", ("e",)), ("stack", ("c", "d")), ("unstack", ("b", "a"))]:
         action = Action(name, args)
