@@ -54,7 +54,8 @@ def default_config() -> SearchConfig:
 
 
 def split_sentences(text: str, expected: int = N_SENTENCES) -> list[str]:
-    """The sentences of one input line (expected: how many there should be)."""
+    """The sentences of one input line (expected: how many there should be, to split an
+    unpunctuated fragment)."""
     pieces = [p for p in _BOUNDARY.split(text.strip()) if p]
     merged: list[str] = []
     for piece in pieces:
@@ -64,9 +65,7 @@ def split_sentences(text: str, expected: int = N_SENTENCES) -> list[str]:
             merged.append(piece)
     if len(merged) < expected:
         merged = _split_fragments(merged, expected - len(merged))
-    if len(merged) != expected:
-        log.warning("found %d sentences, expected %d, in %r", len(merged), expected, text[:80])
-    return merged
+    return merged  # may still not be `expected` sentences: load refuses such a line, naming it
 
 
 def _split_fragments(sentences: list[str], needed: int) -> list[str]:
@@ -131,7 +130,7 @@ class CreativeWriting:
         if path is None:
             raise DataError("creative_writing has no Hub dataset: pass --data PATH, a text file "
                             "with 4 sentences per line (the ToT paper's data_100_random_text.txt)")
-        records = load_records(path, text_field="sentences", limit=limit, offset=offset)
+        records = load_records(path, text_field="sentences", limit=limit, offset=offset, check=_check_record)
         return [Example(id=r["id"], data=r) for r in records]
 
     def endings(self, example: Example) -> list[str]:
@@ -211,6 +210,15 @@ class CreativeWriting:
         paragraphs = split_paragraphs(prediction, len(endings))
         hits = sum(ends_with(p, s) for p, s in zip(paragraphs, endings))
         return {"score": hits / len(endings) if endings else 0.0, "ends_match": hits == len(endings)}
+
+
+def _check_record(record: dict[str, Any]) -> None:
+    """Each line must give the 4 endings the prompts ask 4 paragraphs for; with fewer, a passage
+    would be scored on those alone."""
+    found = len(split_sentences(record["sentences"]))
+    if found != N_SENTENCES:
+        raise ValueError(f"found {found} sentences, expected {N_SENTENCES} (the endings of the passage's "
+                         f"{N_SENTENCES} paragraphs, in order)")
 
 
 def _clean(thought: str, depth: int) -> str:

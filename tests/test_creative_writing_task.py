@@ -144,6 +144,16 @@ def test_load_limit_and_offset_select_a_window(task):
     assert [e.id for e in task.load(str(FIXTURE), limit=1, offset=1)] == ["1"]
 
 
+def test_a_line_that_is_not_four_sentences_is_refused_naming_file_and_line(task, tmp_path):
+    """The prompts ask for 4 paragraphs; a line of 3 sentences was only a logged warning, and its
+    passages were then scored on 3 endings, so a 3-paragraph passage scored a full 1.0."""
+    file = tmp_path / "cw.txt"
+    file.write_text(FIXTURE.read_text(encoding="utf-8").splitlines()[0] + "\n\nOne. Two. Three.\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{file}:3 \(id 1\): found 3 sentences, expected 4"):
+        task.load(str(file))
+    assert len(task.load(str(file), limit=1)) == 1
+
+
 def test_load_without_path_asks_for_data(task):
     with pytest.raises(DataError, match="--data"):
         task.load(None)
