@@ -30,7 +30,9 @@ STOP = ("\nSub-question", "\nQuestion:")
 # The digit class ends on a digit so "5, 6" yields "5", not "5,".
 _NUMBER = r"-?\$?\d(?:[\d,]*\d)?(?:\.\d+)?"
 _GOLD_RE = re.compile(r"####\s*(" + _NUMBER + ")")
-_ANSWER_RE = re.compile(r"the answer is\s*:?\s*[*_]*\s*(" + _NUMBER + ")", re.IGNORECASE)
+# "The answer is 2 * 4 = 8": the number after a computation's "=" is the answer, not its first operand
+_ANSWER_RE = re.compile(r"the answer is\s*:?\s*[*_]*\s*(" + _NUMBER + r")(?:(?:\s*[-+*/x×÷]\s*" + _NUMBER
+                        + r")+\s*=\s*(" + _NUMBER + "))?", re.IGNORECASE)
 _NUMBER_RE = re.compile(_NUMBER)
 _VALUE_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -65,7 +67,10 @@ def extract_answer(text: str) -> str | None:
     for pattern in (_GOLD_RE, _ANSWER_RE, _NUMBER_RE):
         matches = pattern.findall(text)
         if matches:
-            return normalize_number(matches[-1])
+            last = matches[-1]
+            if isinstance(last, tuple):  # _ANSWER_RE: (said, result of its computation or "")
+                last = last[1] or last[0]
+            return normalize_number(last)
     return None
 
 

@@ -39,6 +39,17 @@ def test_extract_answer_prefers_gold_marker_then_answer_phrase_then_last_number(
     assert extract_answer(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 2 * 4 = 8", "8"),
+    ("Sub-answer 4: The answer is 5 + 3 = 8 eggs.", "8"),
+    ("The answer is $1,200 - $200 = $1,000.", "1000"),
+    ("The answer is 8 - 3 apples", "8"),  # no "=": the number said is the answer
+])
+def test_an_answer_phrase_followed_by_its_computation_reads_the_result(text, expected):
+    """"The answer is 2 * 4 = 8" read as 2: the phrase's first number, an operand."""
+    assert extract_answer(text) == expected
+
+
 def test_extract_answer_returns_none_when_text_has_no_number():
     assert extract_answer("I cannot solve this.") is None
 
