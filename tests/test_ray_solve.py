@@ -281,6 +281,12 @@ def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems,
     reference_records = by_id(reference(0.0)[0])
     assert {i: untimed(r) for i, r in records.items()} == {i: reference_records[i] for i in records}
     assert summary["n"] == len(examples) and summary["failed"] == 1
+    # what killed it is gone: a resume solves the failed problem again, in place of its failed record
+    summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path,
+                                resume=True)
+    again = read_records(tmp_path)
+    assert sorted(r["id"] for r in again) == sorted(ex.id for ex in examples)
+    assert by_id(again) == reference_records and "failed" not in summary
 
 
 def test_an_error_in_the_search_stops_the_run_as_in_one_process(keeper, problems, tmp_path):

@@ -10,7 +10,8 @@ on which actor solved a problem or in what order.
 
 Faults: an actor process that dies (killed, out of memory, crashed) is restarted by Ray
 (`max_restarts`); each problem it had in flight goes back to the front of the queue, preferably to
-another actor, and after `max_attempts` deaths it is written as a failed record with the error.
+another actor, and after `max_attempts` deaths it is written as a failed record with the error
+(which `--resume` solves again: results_file.prepare_results_file).
 An exception raised by the search itself is a bug or bad input, not a fault: it stops the run, as
 it does in a single process. Ctrl-C kills the actors; every line already written stays valid.
 

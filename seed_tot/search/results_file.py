@@ -26,6 +26,9 @@ def prepare_results_file(path: Path, resume: bool) -> dict[str, dict[str, Any]]:
     Only the last line can be incomplete (each record is written with its newline and fsynced),
     so a last line that does not parse is a killed write: it is dropped and the file rewritten
     without it (atomically). A bad line anywhere else is real corruption: an error.
+    A record of a problem that failed (`"error"`: every Ray actor that ran it died) is dropped too,
+    so a resume solves it again: a resume is how a run finishes, and what killed the actors (a
+    node lost, memory taken by another job) may be gone.
     """
     if not path.exists() or path.stat().st_size == 0:
         return {}
@@ -52,6 +55,11 @@ def prepare_results_file(path: Path, resume: bool) -> dict[str, dict[str, Any]]:
                                    f"fix or remove that line, then resume") from None
         if record_id in records:
             log.warning("%s:%d: id %s is already on an earlier line; keeping the first", path, i + 1, record_id)
+            needs_rewrite = True
+            continue
+        if isinstance(record, dict) and "error" in record:
+            log.info("%s:%d: problem %s failed before (%s); solving it again", path, i + 1, record_id,
+                     str(record["error"])[:200])
             needs_rewrite = True
             continue
         records[record_id] = record
