@@ -26,9 +26,10 @@ REQUIRED_PROMPTS = ("instruction", "examples", "thought_user", "answer_user", "s
 # Stop before the model starts the next step (one call = one thought) or a new problem.
 STOP = ("\nSub-question", "\nQuestion:")
 
-# A number as written in a solution: optional sign and "$", thousands commas, decimals.
-# The digit class ends on a digit so "5, 6" yields "5", not "5,".
-_NUMBER = r"-?\$?\d(?:[\d,]*\d)?(?:\.\d+)?"
+# A number as written in a solution: optional sign and "$", thousands commas, decimals, or a
+# decimal with no integer part (".5", "$.50": read as 5 and 50 before). The digit class ends on a
+# digit so "5, 6" yields "5", not "5,".
+_NUMBER = r"-?\$?(?:\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"
 _GOLD_RE = re.compile(r"####\s*(" + _NUMBER + ")")
 # "The answer is 2 * 4 = 8": the number after a computation's "=" is the answer, not its first operand
 _ANSWER_RE = re.compile(r"the answer is\s*:?\s*[*_]*\s*(" + _NUMBER + r")(?:(?:\s*[-+*/x×÷]\s*" + _NUMBER

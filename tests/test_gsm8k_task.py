@@ -34,6 +34,9 @@ def example() -> Example:
     ("I think 3 then 4, so 12 in the end", "12"),
     ("the temperature falls to -3", "-3"),
     ("The answer is 2.5", "2.5"),
+    ("The answer is .5", "0.5"),  # a decimal without its integer part was read as 5
+    ("Each costs $.50 so", "0.5"),
+    ("It rose by -.25 degrees", "-0.25"),
 ])
 def test_extract_answer_prefers_gold_marker_then_answer_phrase_then_last_number(text, expected):
     assert extract_answer(text) == expected
