@@ -162,11 +162,11 @@ class Blocksworld:
         return State(state.thoughts + (UNPARSED + first[:120],))
 
     def parse_value(self, text: str) -> float:
-        """good -> 10, bad -> 1 (the first verdict word counts; "not good" is bad), else 5."""
-        m = re.search(r"\b(not\s+good|good|bad)\b", text.lower())
+        """good -> 10, bad -> 1 (the first verdict word counts; "not good" is bad, "not bad" good), else 5."""
+        m = re.search(r"\b(not\s+good|not\s+bad|good|bad)\b", text.lower())
         if m is None:
             return VALUE_UNSURE
-        return VALUE_GOOD if m.group(1) == "good" else VALUE_BAD
+        return VALUE_GOOD if m.group(1) in ("good", "not bad") else VALUE_BAD
 
     def prior_value(self, example: Example, state: State) -> float | None:
         """VALUE_ILLEGAL (0) for a plan with an unreadable or illegal action, so the search can

@@ -205,9 +205,9 @@ def render_problem(problem: BlocksProblem) -> str:
 
 # --- actions: parsing and applying ----------------------------------------------------------
 
-# "a"/"an" before a colour is the article ("a blue block"), not block a
-_BLOCK = (r"(?:the\s+|an?\s+(?=(?:" + "|".join(COLORS) + r")\b))?(?P<{g}>" + "|".join(COLORS)
-          + r"|[a-z])\b(?:\s+block\b)?")
+# "a"/"an" before a colour is the article ("a blue block"), not block a; "block c" names block c
+_BLOCK = (r"(?:the\s+|an?\s+(?=(?:" + "|".join(COLORS) + r")\b))?(?:block\s+(?=[a-z]\b))?(?P<{g}>"
+          + "|".join(COLORS) + r"|[a-z])\b(?:\s+block\b)?")
 _NL_PATTERNS = (
     ("unstack", re.compile(r"\bunstack\s+" + _BLOCK.format(g="x")
                            + r"\s+(?:from\s+)?(?:on\s+)?(?:top\s+)?(?:of\s+)?" + _BLOCK.format(g="y"))),

@@ -110,6 +110,16 @@ def test_the_article_a_before_a_colour_is_not_block_a(text, expected):
     assert parse_action(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("pick up block c", Action("pick-up", ("c",))),
+    ("unstack block b from on top of block a", Action("unstack", ("b", "a"))),
+    ("stack the block d on block a", Action("stack", ("d", "a"))),
+])
+def test_block_before_a_letter_names_that_block(text, expected):
+    """"pick up block c" was no action at all: a block's letter was read only before "block"."""
+    assert parse_action(text) == expected
+
+
 def test_canonical_english_round_trips_through_the_parser():
     for name, args in [("pick-up", ("a",)), ("put-down", ("e",)), ("stack", ("c", "d")), ("unstack", ("b", "a"))]:
         action = Action(name, args)
@@ -230,6 +240,7 @@ def test_parse_value_maps_good_high_bad_low_and_anything_else_between():
     assert task.parse_value(" good") == VALUE_GOOD
     assert task.parse_value("Bad.") == VALUE_BAD
     assert task.parse_value("not good") == VALUE_BAD
+    assert task.parse_value("Not bad: it clears block c.") == VALUE_GOOD  # was read as "bad"
     assert task.parse_value("maybe") == VALUE_UNSURE
     assert VALUE_BAD < task.config.value_threshold <= VALUE_UNSURE < VALUE_GOOD
 
