@@ -397,6 +397,26 @@ def test_more_workers_than_the_cluster_fits_is_refused_not_left_waiting(ray_clus
                      workers=3)
 
 
+def test_workers_the_cluster_cannot_place_yet_are_waited_for_with_a_notice_not_in_silence(keeper, ray_cluster,
+                                                                                           caplog):
+    keeper.release()
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=2)
+    class Blocker:  # another job holding every CPU of the cluster
+        def ping(self):
+            return 1
+
+    blocker = Blocker.remote()
+    ray.get(blocker.ping.remote())
+    threading.Timer(3.0, ray.kill, [blocker]).start()  # the other job ends a few seconds later
+    with caplog.at_level(logging.WARNING, logger="seed_tot.search.distributed"):
+        pool = EnginePool(keeper.spec, 1, cpus_per_worker=1, notice_s=0.5)
+    pool.shutdown()
+    notices = [r.getMessage() for r in caplog.records if "waiting for Ray workers" in r.getMessage()]
+    assert notices and "0 of 1 ready" in notices[0] and "free" in notices[0]
+
+
 def test_missing_ray_is_one_clear_line(monkeypatch, problems, tmp_path):
     monkeypatch.setattr("seed_tot.tasks.get_task", lambda name: ShortTask())
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError

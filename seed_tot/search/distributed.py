@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,7 +150,7 @@ class EnginePool:
     connected Ray (`connect_ray`)."""
 
     def __init__(self, spec: EngineSpec, workers: int, *, gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS, concurrency: int = 1):
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, concurrency: int = 1, notice_s: float = 60.0):
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
         if concurrency < 1:
@@ -169,7 +170,8 @@ class EnginePool:
         self.alive = True
         from ray.exceptions import RayActorError
         try:
-            errors = [e for e in ray.get([a.ready.remote() for a in self.actors]) if e is not None]
+            errors = [e for e in _wait_until_ready(ray, [a.ready.remote() for a in self.actors], notice_s)
+                      if e is not None]
         except RayActorError as err:
             self.shutdown()
             raise RayRunError(f"a Ray worker could not start: {_first_line(err)}") from err
@@ -194,6 +196,22 @@ class EnginePool:
     def __exit__(self, *exc) -> bool:
         self.shutdown()
         return False
+
+
+def _wait_until_ready(ray, refs: list, notice_s: float) -> list:
+    """The actors' `ready` answers. An actor waits unplaced while other jobs hold what it asked for,
+    and loading its models may take minutes (a download), so the wait has no limit; but every
+    `notice_s` it says how many are up and what the cluster has free, so a run that cannot start is
+    not a silent hang (Ctrl-C stops it)."""
+    start, pending = time.monotonic(), list(refs)
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=notice_s)
+        if pending:
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU", "memory")}
+            log.warning("waiting for Ray workers: %d of %d ready after %.0f s; the cluster has %s free (a worker "
+                        "waits while other jobs hold what it asked for, and while it loads its models)",
+                        len(refs) - len(pending), len(refs), time.monotonic() - start, free or "nothing")
+    return ray.get(refs)
 
 
 @dataclass
