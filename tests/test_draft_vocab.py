@@ -122,6 +122,8 @@ def test_the_drafter_vocab_command_counts_train_records_and_refuses_test_data(tm
     target_dir, _ = tiny_model_dirs
     plain = Engine.from_pretrained(target=target_dir, device="cpu", load_draft=False)
     save_drafter(ParallelDrafter(plain.target, n_masks=2), tmp_path / "d", plain.target, target_dir)
+    card = tmp_path / "d" / "MODEL_CARD.md"
+    card.write_text("# drafter\n- **Draft vocabulary**: the whole vocabulary.\n- **Reproduce**: `seed-tot train-drafter`\n")
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps({"question": f"Tom has {i} apples. How many?", "answer": f"{i} apples\n#### {i}"})
                                for i in range(6)) + "\n")
@@ -133,6 +135,10 @@ def test_the_drafter_vocab_command_counts_train_records_and_refuses_test_data(tm
     assert 10 <= report["size"] <= 10 + len(plain.tokenizer.all_special_ids) and 0 < report["coverage"] < 1
     engine = Engine.from_pretrained(target=target_dir, draft=str(tmp_path / "d"), device="cpu")
     assert engine.draft.draft_vocab_size == report["size"]
+    # the card names the vocabulary the directory now holds (it kept saying "the whole vocabulary")
+    vocab_lines = [ln for ln in card.read_text().splitlines() if ln.startswith("- **Draft vocabulary**")]
+    assert len(vocab_lines) == 1 and f"the {report['size']} most frequent" in vocab_lines[0]
+    assert "drafter-vocab" in vocab_lines[0]
     prompt = engine.encode(["abc"])[0]
     result = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0), mode="sd")[0]
     assert result.token_ids == reference_greedy(engine.target, prompt, 12)
@@ -143,3 +149,4 @@ def test_the_drafter_vocab_command_counts_train_records_and_refuses_test_data(tm
     assert out.exit_code != 0 and "looks like a test split" in out.output
     out = runner.invoke(main, ["drafter-vocab", "--drafter", str(tmp_path / "d"), "--target", target_dir, "--size", "0"])
     assert out.exit_code == 0 and not (tmp_path / "d" / VOCAB_FILE).exists()
+    assert "- **Draft vocabulary**: the whole vocabulary (set after training" in card.read_text()

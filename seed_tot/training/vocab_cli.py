@@ -48,6 +48,7 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
         (root / VOCAB_FILE).unlink(missing_ok=True)
         config.pop("draft_vocab", None)
         (root / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        _update_card(root, None)
         click.echo(f"{root}: drafts over the whole vocabulary")
         return
     engine = Engine.from_pretrained(target=target, draft=str(root))  # checks the drafter fits the target
@@ -66,4 +67,26 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
     share = coverage(ids, token_lists)
     config["draft_vocab"] = {"size": int(ids.numel()), "source": source, "coverage": round(share, 4)}
     (root / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    _update_card(root, config["draft_vocab"])
     click.echo(json.dumps({"drafter": str(root), **config["draft_vocab"]}, indent=2))
+
+
+def _update_card(root: Path, vocab: dict | None) -> None:
+    """The model card's vocabulary line, rewritten for the vocabulary now in `root`: a card that
+    named the old one would describe a drafter the directory no longer holds. A card without such a
+    line gets one before its Reproduce line; a directory without a card is left without one."""
+    from .drafter_cli import vocab_line
+
+    card = root / "MODEL_CARD.md"
+    if not card.is_file():
+        return
+    line = vocab_line(vocab).rstrip("\n")
+    line = (line[:-1] if line.endswith(".") else line) + " (set after training by `seed-tot drafter-vocab`)."
+    lines = card.read_text(encoding="utf-8").splitlines()
+    at = next((i for i, text in enumerate(lines) if text.startswith("- **Draft vocabulary**")), None)
+    if at is not None:
+        lines[at] = line
+    else:
+        at = next((i for i, text in enumerate(lines) if text.startswith("- **Reproduce**")), len(lines))
+        lines.insert(at, line)
+    card.write_text("\n".join(lines) + "\n", encoding="utf-8")
