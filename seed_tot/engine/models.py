@@ -117,9 +117,14 @@ def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype
 def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> nn.Module:
     """A draft made of the target's first `n_layers` decoder layers, its final norm and LM head.
 
-    The modules are the target's own (shared parameters, no copy): the draft costs no memory and
-    needs no training, at the price of a modest acceptance rate. Works for decoder-only models
-    laid out as `model.model.layers` (Llama, Qwen2, Mistral, SmolLM...)."""
+    The parameters are the target's own (shared, no copy): the draft costs no memory and needs no
+    training, at the price of a modest acceptance rate. Its modules are shallow copies that name the
+    draft's config, not the target's: an attention layer picks its implementation from its own
+    `config`, and row attention (row_attention.py) serves a batched forward's layers only when that
+    config is the one the forward named, so a layer still naming the target's config attended to its
+    new entries alone (no history: acceptance near 0). Hooks are the draft's own too (a capture
+    hooked on its LM head never fires on target forwards). Works for decoder-only models laid out as
+    `model.model.layers` (Llama, Qwen2, Mistral, SmolLM...)."""
     inner = getattr(target, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -134,15 +139,22 @@ def truncated_draft(target: nn.Module, n_layers: int = DEFAULT_DRAFT_LAYERS) -> 
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:n_layers]
-    draft = copy.copy(target)  # a new module object whose submodule dicts we replace below
-    draft._modules = dict(target._modules)
-    draft.config = config
-    draft_inner = copy.copy(inner)
-    draft_inner._modules = dict(inner._modules)
-    draft_inner._modules["layers"] = nn.ModuleList(list(layers)[:n_layers])
-    draft_inner.config = config
-    draft._modules["model"] = draft_inner
+    draft = _rebound(target, target.config, config)
+    draft.model._modules["layers"] = nn.ModuleList(list(draft.model.layers)[:n_layers])
     return draft
+
+
+def _rebound(module: nn.Module, old, new) -> nn.Module:
+    """A shallow copy of `module` and every submodule (parameters and buffers shared, containers and
+    hooks its own) in which each `config` that was `old` is `new`."""
+    clone = copy.copy(module)
+    clone.__dict__.update({key: copy.copy(value) for key, value in module.__dict__.items()
+                           if isinstance(value, (dict, set))})
+    clone._modules = {name: None if child is None else _rebound(child, old, new)
+                      for name, child in module._modules.items()}
+    if getattr(module, "config", None) is old:
+        clone.config = new
+    return clone
 
 
 def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
