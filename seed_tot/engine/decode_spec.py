@@ -188,10 +188,12 @@ def _limit(setting: str, value: int | str) -> int | None:
 
 def call_spec(spec: DecodeSpec | None, default_mode: str, **keywords: Any) -> DecodeSpec:
     """The spec of one `Engine.generate`/`agenerate` call: `spec` as given, else one built from the
-    loose keyword settings (the older API, still supported). Both at once is an error: one of them
-    would be silently ignored."""
+    loose keyword settings (the older API, still supported), a mode of None being `default_mode`.
+    Both at once is an error: one of them would be silently ignored."""
     if isinstance(keywords.get("mode"), DecodeSpec):  # generate(prompts, params, DecodeSpec(...))
         raise TypeError("a DecodeSpec goes in as spec=DecodeSpec(...); the third positional argument is mode")
+    if keywords.get("mode") is None:
+        keywords["mode"] = default_mode
     loose = DecodeSpec(**keywords)
     if spec is None:
         return loose

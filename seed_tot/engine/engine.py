@@ -167,8 +167,7 @@ class Engine:
         "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
-        default = self.default_mode
-        spec = call_spec(spec, default, mode=default if mode is None else mode, k_config=k_config, n_workers=n_workers,
+        spec = call_spec(spec, self.default_mode, mode=mode, k_config=k_config, n_workers=n_workers,
                          verify_batch=verify_batch, draft_policy=draft_policy, policy_options=policy_options,
                          draft_batch=draft_batch)
         params = sampling_params(params)
@@ -200,8 +199,7 @@ class Engine:
                         spec: DecodeSpec | None = None) -> list[GenerationResult]:
         """The coroutine form, for callers that already run an event loop (settings as in `generate`).
         Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
-        default = self.default_mode
-        spec = call_spec(spec, default, mode=default if mode is None else mode, k_config=k_config, n_workers=n_workers,
+        spec = call_spec(spec, self.default_mode, mode=mode, k_config=k_config, n_workers=n_workers,
                          verify_batch=verify_batch, draft_policy=draft_policy, policy_options=policy_options,
                          draft_batch=draft_batch)
         return await self._agenerate(prompts, sampling_params(params), spec)
