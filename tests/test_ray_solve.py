@@ -108,7 +108,10 @@ def ray_cluster():
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+        # log_to_driver=False: Ray's log monitor copies worker output (model-loading progress bars)
+        # to whatever sys.stdout is when it gets round to it, which may be a later CLI test's capture
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=False)
     except (ConnectionError, RuntimeError, OSError) as err:
         pytest.skip(f"Ray cannot start a local cluster on this machine: {err}")
     finally:
