@@ -108,7 +108,8 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     assert report["k"] == 2 and report["steps"] == 2 and report["heldout"]["tau"] >= 1.0
     config = json.loads((out / "drafter.json").read_text())
     assert config["target"] == target_dir and config["method"] == "parallelspec"
-    assert config["training"]["samples"] == 5  # 3 questions x (thought, answer) - 1 held out
+    assert config["training"]["samples"] == 4  # (3 questions - 1 held out) x (thought, answer)
+    assert config["training"]["heldout"]["questions"] == 1 and config["training"]["heldout"]["prompts"] == 2
     from safetensors.torch import load_file
 
     from seed_tot.engine.drafters.draft_vocab import load_vocab
@@ -134,7 +135,7 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
         (out / name).write_bytes((tmp_path / "drafter" / name).read_bytes())
     args[args.index("--out") + 1] = str(out)
     again = CliRunner().invoke(main, args + ["--distill-temperature", "1.0"])
-    assert again.exit_code == 0 and "reusing 5 cached samples" in again.output, again.output
+    assert again.exit_code == 0 and "reusing 4 cached samples" in again.output, again.output
     sampled = json.loads(again.stdout[again.stdout.index("{"):])["heldout_sampled"]
     assert sampled["temperature"] == 1.0 and sampled["tau"] >= 1.0
     card = (out / "MODEL_CARD.md").read_text()
@@ -325,3 +326,31 @@ def test_drafter_blocksworld_prompts_hold_no_problem_of_the_default_evaluation_s
         assert len(prompts) == 48 and not eval_prompts & set(prompts)
         known = [statements[p] for p in prompts if p in statements]
         assert all(len(optimal_plan(parse_problem(e.data["problem_pddl"]))) != 6 for e in known)
+
+
+def test_held_out_prompts_share_no_question_or_instance_with_the_training_prompts():
+    """The held-out tau was measured on prompts drawn from the shuffled training list, so a held-out answer
+    prompt could have its question's thought prompt trained on. Now the held-out questions are the ones
+    after the training ones, and their Blocksworld instances are others."""
+    from seed_tot.training.drafter_data import heldout_prompts, split_questions, task_prompts
+
+    class Renderer:  # the engine's render_prompt, without a model
+        @staticmethod
+        def render_prompt(user, assistant_prefix):
+            return f"{user}\n{assistant_prefix}"
+
+    records = [{"question": f"Box {i} holds {i + 2} red pens and {i + 3} blue pens. How many pens are in box {i}?",
+                "answer": f"Box {i} holds {i + 2} + {i + 3} = {2 * i + 5} pens.\n#### {2 * i + 5}"} for i in range(8)]
+    tasks = ("gsm8k", "gsm8k_value", "blocksworld", "creative_writing")
+    train, held = split_questions(records, max_examples=len(records) - 2, heldout=2)
+    assert train == records[:-2] and held == records[-2:]
+    trained = task_prompts(Renderer, train, tasks, seed=0)
+    measured = heldout_prompts(Renderer, held, tasks, 0, set(trained))
+    assert measured and not set(measured) & set(trained)
+    for record in train:  # no held-out prompt holds a training question (thought, answer or value prompt)
+        assert not any(record["question"] in p for p in measured)
+    for record in held:  # and each held-out question is measured, never trained on
+        assert any(record["question"] in p for p in measured) and not any(record["question"] in p for p in trained)
+    assert split_questions(records, max_examples=100, heldout=2) == (records[:-2], records[-2:])  # a short file
+    with pytest.raises(ValueError, match="none to train on"):
+        split_questions(records[:2], max_examples=100, heldout=2)

@@ -43,7 +43,8 @@ def _task_list(ctx, param, value) -> tuple[str, ...]:
 @click.option("--max-examples", type=click.IntRange(min=2), default=256, show_default=True,
               help="Train questions read from --data.")
 @click.option("--heldout", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Prompts kept out of training, for the final acceptance (tau).")
+              help="Questions after the --max-examples ones whose prompts are kept out of training (and of the "
+                   "draft vocabulary), for the final acceptance (tau).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Target response length.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Of the target's responses (0 = greedy).")
@@ -98,23 +99,31 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     from seed_tot.engine.drafters.draft_vocab import coverage, frequent_tokens
     from seed_tot.tasks.loading import load_records
 
-    from .drafter_data import (attach_target_hidden, generate_samples, pack, records_tokens, special_ids, task_prompts,
-                               unpack)
+    from .drafter_data import (attach_target_hidden, generate_samples, heldout_prompts, pack, records_tokens,
+                               special_ids, split_questions, task_prompts, unpack)
     from . import checkpoints
     from .drafter_train import heldout_tau, train_drafter
     from .soft_labels import target_soft_labels
 
     out = Path(out_dir)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    records = load_records(data_file, required=("question",), limit=max_examples)
-    prompts = engine.encode(task_prompts(engine, records, tasks, seed))
-    if len(prompts) <= heldout:
-        raise click.UsageError(f"{len(prompts)} prompts from {data_file} leave nothing to train on after "
-                               f"--heldout {heldout}; raise --max-examples")
-    train_prompts, held_prompts = prompts[:-heldout], prompts[-heldout:]
+    try:
+        train_records, held_records = split_questions(
+            load_records(data_file, required=("question",), limit=max_examples + heldout), max_examples, heldout)
+    except ValueError as err:
+        raise click.UsageError(f"{data_file}: {err} (--heldout {heldout})") from err
+    if len(train_records) < max_examples:
+        log.warning("%s: %d questions train (not --max-examples %d): the last %d are held out", data_file,
+                    len(train_records), max_examples, heldout)
+    texts = task_prompts(engine, train_records, tasks, seed)
+    held_texts = heldout_prompts(engine, held_records, tasks, seed, set(texts))
+    if not held_texts:
+        raise click.UsageError(f"{data_file}: every prompt of the {len(held_records)} held-out questions is also a "
+                               f"training prompt; raise --heldout")
+    train_prompts, held_prompts = engine.encode(texts), engine.encode(held_texts)
     data_meta = {"target": engine.target_name, "data": str(data_file), "max_examples": max_examples, "tasks": list(tasks),
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "context": context, "seed": seed,
-                 "heldout": heldout}
+                 "heldout": heldout, "split": "by question", "train_questions": len(train_records)}
     data_path, meta_path, cost_path = out / DATA_FILE, out / "data.json", out / "data_cost.json"
     checkpoints.check_same_training(out, {
         "method": method, "k": k, "layers": layers, "batch": batch, "lr": lr, "max_groups": max_groups, "seed": seed,
@@ -150,7 +159,9 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         ids = frequent_tokens(responses, vocab_size, special_ids(engine.tokenizer))
         source = "the target's responses in the training data"
         if ids.numel() < vocab_size and vocab_examples:
-            counted = load_records(data_file, required=("question",), limit=vocab_examples)
+            held = range(len(train_records), len(train_records) + len(held_records))
+            counted = [r for i, r in enumerate(load_records(data_file, required=("question",), limit=vocab_examples))
+                       if i not in held]  # the held-out questions' words stay out of the drafter too
             more = frequent_tokens(records_tokens(engine, counted, [t for t in tasks if t != "gsm8k_value"]),
                                    vocab_size - ids.numel(), exclude=ids.tolist())
             ids = torch.unique(torch.cat([ids, more]))
@@ -181,7 +192,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     # held-out prompts cut to the context the samples keep: the drafter is measured on what it was trained for
     measured = Engine(engine.target, drafter, engine.tokenizer, forward_thread=engine.forward_thread)
     held = [p[-context:] for p in held_prompts]
-    tau = heldout_tau(measured, held, k + 1, min(max_new_tokens, 64))
+    tau = {**heldout_tau(measured, held, k + 1, min(max_new_tokens, 64)), "questions": len(held_records)}
     sampled = heldout_tau(measured, held, k + 1, min(max_new_tokens, 64), distill_temperature) if distill_temperature else None
     training = {**data_meta, "method": method, "steps": result.steps, "batch": batch, "lr": lr, "max_groups": max_groups,
                 "final_loss": result.loss, "final_accuracy": result.accuracy, "heldout": tau,
@@ -243,7 +254,7 @@ def model_card(method: str, k: int, layers: int, training: dict, command: str, v
     return f"""# {method} drafter for {Path(str(training['target'])).name}
 
 - **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
-- **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['max_examples']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens, the last {training['heldout']['prompts']} prompts held out.
+- **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['train_questions']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens. Held out: the next {training['heldout']['questions']} questions' {training['heldout']['prompts']} prompts (Blocksworld: instances drawn with seed + 1), neither trained on nor counted in the draft vocabulary.
 - **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
 {vocab_line(vocab)}{features_line(training)}{distill_line(training)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.{sampled_line(training)}
 - **Reproduce**: `{command}`

@@ -95,6 +95,24 @@ def task_prompts(engine, records: list[dict], tasks=TASKS, seed: int = 0) -> lis
     return prompts
 
 
+def split_questions(records: list[dict], max_examples: int, heldout: int) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) questions: the first `max_examples` and the `heldout` after them (fewer training
+    ones when the file is short). Split by question, not by prompt, so a question's thought, answer and
+    value prompts sit on one side: split by prompt, the held-out tau was measured on prompts whose
+    siblings were trained on."""
+    if len(records) <= heldout:
+        raise ValueError(f"{len(records)} questions leave none to train on after holding out {heldout}")
+    n_train = min(max_examples, len(records) - heldout)
+    return records[:n_train], records[n_train:n_train + heldout]
+
+
+def heldout_prompts(engine, records: list[dict], tasks, seed: int, trained: set[str]) -> list[str]:
+    """Every prompt of the held-out questions, less any that is also a training prompt. Their Blocksworld
+    instances are drawn with seed + 1 (the training ones with seed), so they are other instances save the
+    ones both seeds draw, which the exact-match filter drops."""
+    return [p for p in task_prompts(engine, records, tasks, seed + 1) if p not in trained]
+
+
 def records_tokens(engine, records: list[dict], tasks) -> list[list[int]]:
     """Token lists of the rendered task prompts of `records` and of their answers where they have one
     (what a draft vocabulary counts when the target's own responses are too few)."""
