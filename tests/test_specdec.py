@@ -192,3 +192,22 @@ def test_train_head_with_another_seed_does_not_resume_the_first_seeds_data_and_c
     one_policy = SpecDecPolicy(ConstantHead(0.8), h=0.5, capture=engine.draft_runtime.capture(HiddenCapture))
     one = engine.generate(prompts, params, mode="seed", draft_policy=one_policy, draft_batch=1, verify_batch=1)
     assert sum(r.stats.draft_forwards for r in batched) < sum(r.stats.draft_forwards for r in one) / 2
+
+
+def test_held_out_and_validation_rows_are_whole_prompts_never_a_trained_prompts_neighbours():
+    """A response's neighbouring positions are near copies; split by row, the held-out loss was measured on
+    positions of responses the head was trained on."""
+    from seed_tot.training.specdec_train import split
+
+    prompt = torch.arange(40).repeat_interleave(5)  # 40 prompts of 5 rows each
+    data = HeadData(torch.randn(200, 4), torch.rand(200), prompt)
+    train, held = split(data, 0.1, seed=0)
+    train, val = split(train, 0.1, seed=1)
+    sides = [set(part.prompt.tolist()) for part in (train, val, held)]
+    assert [len(s) for s in sides] == [33, 3, 4]  # whole prompts: 5 rows each
+    assert not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    assert len(train.labels) + len(val.labels) + len(held.labels) == 200
+    row = 7  # rows keep their own hidden state and label
+    side = next(part for part in (train, val, held) if int(prompt[row]) in set(part.prompt.tolist()))
+    at = [i for i, h in enumerate(side.hidden) if torch.equal(h, data.hidden[row])]
+    assert at and side.labels[at[0]] == data.labels[row]

@@ -58,11 +58,12 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
     trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
                    "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
                    "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples,
-                   "seed": seed}  # it draws the responses (temperature > 0) and the mixing: other data
+                   "seed": seed,  # it draws the responses (temperature > 0) and the mixing: other data
+                   "split": "by prompt"}  # data cached before rows knew their prompt cannot be split so
     data_path, meta_path = out / DATA_FILE, out / "data.json"
     if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == trained_for:
         tensors = load_file(str(data_path))
-        data = HeadData(tensors["hidden"], tensors["labels"])
+        data = HeadData(tensors["hidden"], tensors["labels"], tensors["prompt"])
         click.echo(f"reusing {len(data.labels)} cached rows from {data_path}", err=True)
     else:
         checkpoints.check_same_data(out, meta_path, trained_for)
@@ -71,7 +72,8 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
         with tqdm(total=len(prompts), desc="target responses + labels", unit="prompt") as bar:
             data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.update(1))
         out.mkdir(parents=True, exist_ok=True)
-        save_file({"hidden": data.hidden.contiguous(), "labels": data.labels.contiguous()}, str(data_path))
+        save_file({"hidden": data.hidden.contiguous(), "labels": data.labels.contiguous(),
+                   "prompt": data.prompt.contiguous()}, str(data_path))
         meta_path.write_text(json.dumps(trained_for, indent=2) + "\n", encoding="utf-8")
     click.echo(f"{len(data.labels)} rows, mean acceptance label {float(data.labels.mean()):.3f}", err=True)
     torch.manual_seed(seed)
@@ -110,6 +112,6 @@ def model_card(trained_for: dict, layers: int, report: dict, command: str) -> st
 
 - **What**: {layers} residual block(s) over the draft's hidden state, predicting the probability that the target accepts the token drafted from it (`head.safetensors`, `head.json`). Read by `--draft-policy specdec --head DIR` (and `auto` when given); refused beside another target or draft.
 - **Data**: {report['rows']} rows from the target's {sampling} responses ({trained_for['max_new_tokens']} tokens) to the first {trained_for['max_examples']} questions of `{Path(str(trained_for['data'])).name}` (a *train* split; no test data), mix rate {trained_for['mix_rate']}, rejection weight {trained_for['w_rej']}, seed {trained_for['seed']}.
-- **Training**: {report['steps']} steps, the weights of the best validation loss; held-out weighted BCE {report['heldout_loss']:.4f} against {report['best_constant_heldout_loss']:.4f} for the best constant ({report['best_constant']:.3f}).
+- **Training**: {report['steps']} steps, the weights of the best validation loss; validation and held-out rows are those of whole prompts (a tenth each), never of a trained prompt's response; held-out weighted BCE {report['heldout_loss']:.4f} against {report['best_constant_heldout_loss']:.4f} for the best constant ({report['best_constant']:.3f}).
 - **Reproduce**: `{command}`
 """

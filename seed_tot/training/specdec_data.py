@@ -34,6 +34,15 @@ def mix(x: torch.Tensor, y: torch.Tensor, r: float, generator: torch.Generator) 
 class HeadData:
     hidden: torch.Tensor  # [N, d] draft hidden states at Y positions
     labels: torch.Tensor  # [N] acceptance probabilities
+    # [N] the prompt each row came from: held-out and validation rows are whole prompts, since a
+    # response's neighbouring positions are near copies of each other (None: each row its own)
+    prompt: torch.Tensor | None = None
+
+    def groups(self) -> torch.Tensor:
+        return self.prompt if self.prompt is not None else torch.arange(len(self.labels))
+
+    def subset(self, rows: torch.Tensor) -> "HeadData":
+        return HeadData(self.hidden[rows], self.labels[rows], self.groups()[rows])
 
 
 @torch.inference_mode()
@@ -69,12 +78,14 @@ def generate_data(engine, prompts: list[list[int]], params: SamplingParams, r: f
             chunk = prompts[first: first + batch]
             for i, (prompt, result) in enumerate(zip(chunk, engine.generate(chunk, params, mode="parallel"))):
                 if result.token_ids:
-                    rows.append(example_data(engine.target, engine.draft, prompt, result.token_ids, params,
-                                             engine.vocab_size, r, generator, capture))
+                    data = example_data(engine.target, engine.draft, prompt, result.token_ids, params,
+                                        engine.vocab_size, r, generator, capture)
+                    data.prompt = torch.full((len(data.labels),), first + i)
+                    rows.append(data)
                 if progress is not None:
                     progress(first + i + 1)
     finally:
         capture.remove()
     if not rows:
         raise ValueError("no training rows: every target response was empty")
-    return HeadData(torch.cat([d.hidden for d in rows]), torch.cat([d.labels for d in rows]))
+    return HeadData(*(torch.cat([getattr(d, name) for d in rows]) for name in ("hidden", "labels", "prompt")))

@@ -53,13 +53,15 @@ class TrainResult:
 
 
 def split(data: HeadData, heldout_fraction: float, seed: int) -> tuple[HeadData, HeadData]:
-    n = len(data.labels)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_held = max(1, int(n * heldout_fraction))
-    if n - n_held < 1:
-        raise ValueError(f"{n} training rows are too few to hold out {heldout_fraction:.0%} for evaluation")
-    held, train = order[:n_held], order[n_held:]
-    return HeadData(data.hidden[train], data.labels[train]), HeadData(data.hidden[held], data.labels[held])
+    """(train, held) by prompt: a held-out fraction of the prompts, with every row of each."""
+    groups = data.groups()
+    ids = torch.unique(groups)
+    order = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))]
+    n_held = max(1, int(len(ids) * heldout_fraction))
+    if len(ids) - n_held < 1:
+        raise ValueError(f"{len(ids)} training prompts are too few to hold out {heldout_fraction:.0%} for evaluation")
+    held = torch.isin(groups, order[:n_held])
+    return data.subset(~held), data.subset(held)
 
 
 def train_head(head: AcceptanceHead, data: HeadData, steps: int, out: Path, w_acc: float = 1.0, w_rej: float = 6.0,
