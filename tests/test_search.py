@@ -449,3 +449,20 @@ def test_score_fields_are_kept_beside_the_record_fields(tmp_path: Path):
     record = read_lines(tmp_path)[0]
     assert record["answer"] == "extracted" and record["answer_completion"] == "b/b2"
     assert record["score_steps"] == "clash" and isinstance(record["steps"], list)
+
+
+
+def test_a_resume_knows_problems_whose_data_holds_a_set_whatever_its_iteration_order(tmp_path: Path):
+    """A record spelled a set as str(set), which follows the set's iteration order: hash order, which for
+    strings differs between processes, so a custom task's set-valued data made every resume look like other
+    problems. {0, 8} and {8, 0} are equal sets that iterate in different orders in any one process."""
+    task = ToyTask()
+    settings = load_settings(None, base=task.config)
+    first, again = ({**EXAMPLES[0].data, "tags": tags} for tags in ({0, 8}, {8, 0}))
+    assert str(first["tags"]) != str(again["tags"])
+    solve_dataset(ScriptedEngine(TWO_STEP), task, [dataclasses.replace(EXAMPLES[0], data=first)], settings=settings,
+                  output_dir=tmp_path)
+    summary = solve_dataset(ScriptedEngine(TWO_STEP), task, [dataclasses.replace(EXAMPLES[0], data=again)] + EXAMPLES[1:],
+                            settings=settings, output_dir=tmp_path, resume=True)
+    assert summary["n"] == 3 and [r["id"] for r in read_lines(tmp_path)] == ["e1", "e2", "e3"]
+    assert read_lines(tmp_path)[0]["input"]["tags"] == [0, 8]

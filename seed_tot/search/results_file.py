@@ -87,9 +87,18 @@ def check_same_problems(path: Path, done: dict[str, dict[str, Any]], examples: S
         f"requested ids are in that state: resume with the data these records were made from, or pass another --output")
 
 
+def json_default(value: Any) -> Any:
+    """How a record spells what JSON has no type for: a set as a sorted list (str() of a set follows its
+    hash order, which differs between processes, so a resume would not know its own problems), the rest
+    as str()."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
+
+
 def _canonical(value: Any) -> str:
     """One JSON spelling of a problem's input: as a record stores it (tuples as lists, keys as text)."""
-    return json.dumps(json.loads(json.dumps(value, ensure_ascii=False, default=str)), sort_keys=True)
+    return json.dumps(json.loads(json.dumps(value, ensure_ascii=False, default=json_default)), sort_keys=True)
 
 
 def _line_of(path: Path, record_id: str) -> int | None:

@@ -28,7 +28,7 @@ from .dfs import dfs
 from .expansion import SearchResult, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
-from .results_file import ResultsFileError, check_same_problems, prepare_results_file, summarize_records
+from .results_file import ResultsFileError, check_same_problems, json_default, prepare_results_file, summarize_records
 from .run_identity import RUN_FILE, check_resumed_run, recorded_models, run_identity, write_run_identity
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class ResultsRecorder:
         # skip one. The very same problem listed twice is solved once.
         first: dict[tuple[str, str], int] = {}
         for i, ex in enumerate(examples):
-            first.setdefault((ex.id, json.dumps(ex.data, sort_keys=True, default=str)), i)
+            first.setdefault((ex.id, json.dumps(ex.data, sort_keys=True, default=json_default)), i)
         positions = sorted(first.values())
         distinct = [examples[i] for i in positions]
         check_unique_ids([ex.id for ex in distinct], [f"example {i}" for i in positions])
@@ -184,7 +184,7 @@ class ResultsRecorder:
         return [self.done[i] for i in self.requested_ids if i in self.done]
 
     def add(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.write(json.dumps(record, ensure_ascii=False, default=json_default) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.done[str(record["id"])] = record
