@@ -177,10 +177,13 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
               help="With --ray: GPUs per engine [default: 1 if the cluster has GPUs, else 0].")
 @click.option("--cpus-per-worker", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
+@click.option("--search-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="With --ray: a problem's search still running after this long is recorded as failed (--resume "
+                   "tries it again) and its engine restarted [default: no limit].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          view_page, as_json):
+          search_timeout, view_page, as_json):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -189,7 +192,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     from seed_tot.search import apply_overrides, solve_dataset
     from seed_tot.search.solve import summarize_finished_run
 
-    ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker}
+    ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker,
+                "--search-timeout": search_timeout}
     given = [name for name, value in ray_only.items() if value is not None]
     if ray_address is None and given:
         raise click.UsageError(f"{', '.join(given)} only apply with --ray")
@@ -220,7 +224,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if ray_address is not None:
         start = time.perf_counter()
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
-                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency)
+                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency, search_timeout)
         if view_page:
             write_run_page(output, task)
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
@@ -258,7 +262,7 @@ def _warn_unused_settings(settings, mode: str) -> None:
 
 
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
-                  cpus_per_worker, concurrency):
+                  cpus_per_worker, concurrency, search_timeout):
     """solve --ray: the driver loads no model; each actor builds its engine from the same options."""
     from seed_tot.search.distributed import EngineSpec, RayRunError, solve_on_ray
 
@@ -268,7 +272,7 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
     try:
         return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
                             workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0,
-                            concurrency=concurrency)
+                            concurrency=concurrency, search_timeout_s=search_timeout)
     except RayRunError as err:
         raise click.ClickException(str(err)) from err
 

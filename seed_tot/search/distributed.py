@@ -272,8 +272,12 @@ def _notice_ctrl_c() -> tuple[threading.Event, Callable[[], None]]:
 
 def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                       output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
-                      max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str, Any]:
+                      max_attempts: int = DEFAULT_MAX_ATTEMPTS, search_timeout_s: float | None = None) -> dict[str, Any]:
     """`solve_dataset` on the pool's actors: the same results.jsonl and summary.json.
+
+    A search still running after `search_timeout_s` is recorded as failed (a resume tries it again) and
+    its actor restarted, since a running actor call cannot be cancelled; the actor's other searches
+    go back to the queue without losing an attempt.
 
     Raises WorkersLostError when every actor is gone with problems left (those already written
     stay; --resume continues), and the search's own exception when one raises.
@@ -297,6 +301,34 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
         # first of those failures waits for the restart, and the slots come back once, after it.
         life = dict.fromkeys(range(len(pool.actors)), 0)
         in_flight: dict[Any, tuple[int, int, _Job | None]] = {}  # a None job: waiting for a restarted actor
+        started: dict[Any, float] = {}  # when each search was sent
+        spared: set = set()  # searches failing because the driver killed their actor: not their fault
+
+        def restart(worker: int) -> None:
+            """After the first failure of an actor's death (or its kill): its slots leave until Ray has
+            restarted it. Calls made meanwhile would fail too; this one is retried by Ray through the
+            restart, and fails once Ray gives up."""
+            nonlocal idle
+            life[worker] += 1
+            idle = [w for w in idle if w != worker]
+            probe = pool.actors[worker].ready.options(max_task_retries=-1).remote()
+            in_flight[probe] = worker, life[worker], None
+
+        def stop_overdue() -> None:
+            late, killed, newly_spared = _overdue(in_flight, started, time.monotonic(), search_timeout_s, life)
+            for ref in late:
+                worker, _, job = in_flight.pop(ref)
+                started.pop(ref)
+                job.attempts += 1
+                job.errors.append(f"worker {worker}: timed out after {search_timeout_s:g} s")
+                log.error("problem %s: its search ran past --search-timeout %g s on Ray worker %d; recorded as failed",
+                          job.example.id, search_timeout_s, worker)
+                recorder.add(_failed_record(task, job))
+            spared.update(newly_spared)
+            for worker in killed:
+                ray.kill(pool.actors[worker], no_restart=False)
+                restart(worker)
+
         ctrl_c, restore_handler = _notice_ctrl_c()
         try:
             while queue or in_flight:
@@ -304,7 +336,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                     worker = idle.pop(0)
                     job = _next_job(queue, worker)
                     ref = pool.actors[worker].solve.remote(task_ref, settings, algorithm, job.example)
-                    in_flight[ref] = worker, life[worker], job
+                    in_flight[ref], started[ref] = (worker, life[worker], job), time.monotonic()
                 if not in_flight:
                     break  # problems left, no actor left
                 ready: list = []
@@ -312,8 +344,15 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                     ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=_WAKE_S)
                     if ctrl_c.is_set():
                         raise KeyboardInterrupt
+                    if not ready and search_timeout_s is not None:
+                        stop_overdue()
+                        if not in_flight:
+                            break
+                if not ready:
+                    continue
                 (ref,) = ready
                 worker, born, job = in_flight.pop(ref)
+                started.pop(ref, None)
                 try:
                     result = ray.get(ref)
                 except RayTaskError as err:
@@ -331,14 +370,13 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                         log.warning("Ray worker %d is gone for good (%s)", worker, _first_line(err))
                         pool.retired.add(worker)
                         continue
-                    _lost_attempt(task, job, worker, err, queue, recorder, max_attempts)
+                    if ref in spared:
+                        spared.discard(ref)
+                        queue.appendleft(job)
+                    else:
+                        _lost_attempt(task, job, worker, err, queue, recorder, max_attempts)
                     if born == life[worker]:  # the first failure of this death
-                        life[worker] += 1
-                        idle = [w for w in idle if w != worker]
-                        # calls made while Ray restarts the actor would fail too: wait until it is back
-                        # (this call is retried by Ray through the restart; it fails once Ray gives up)
-                        probe = pool.actors[worker].ready.options(max_task_retries=-1).remote()
-                        in_flight[probe] = worker, life[worker], None
+                        restart(worker)
                     continue
                 if job is not None:
                     recorder.add(result)
@@ -362,6 +400,19 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
     return recorder.write_summary(pool.model_names)
 
 
+def _overdue(in_flight: dict, started: dict, now: float, timeout_s: float,
+             life: dict[int, int]) -> tuple[list, set[int], set]:
+    """(searches past `timeout_s`, actors to restart for them, searches to spare). An actor's running call
+    cannot be cancelled, so ending a late search restarts its actor, unless it died and is restarting
+    already (its life moved on); the other searches in flight on a restarted actor end through no fault
+    of their own, so they are spared: sent again without losing an attempt."""
+    late = [r for r, (_, _, job) in in_flight.items() if job is not None and now - started[r] > timeout_s]
+    killed = {worker for worker, born, _ in map(in_flight.get, late) if born == life[worker]}
+    spared = {r for r, (worker, born, job) in in_flight.items()
+              if job is not None and r not in late and worker in killed and born == life[worker]}
+    return late, killed, spared
+
+
 def _lost_attempt(task: Task, job: _Job, worker: int, err: Exception, queue: deque[_Job],
                   recorder: ResultsRecorder, max_attempts: int) -> None:
     job.attempts += 1
@@ -383,7 +434,7 @@ def _first_line(err: Exception) -> str:
 def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                  output_dir: str | Path, resume: bool = False, workers: int | None = None,
                  gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
-                 concurrency: int = 1) -> dict[str, Any]:
+                 concurrency: int = 1, search_timeout_s: float | None = None) -> dict[str, Any]:
     """The `seed-tot solve --ray` path: connect, start the pool, solve, stop the actors.
 
     workers None: as many as the cluster fits. gpus_per_worker None: 1 when the cluster has GPUs.
@@ -407,4 +458,5 @@ def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[
                           f"the cluster ({resources.get('CPU', 0.0):g} CPU, {gpus:g} GPU)")
     with EnginePool(spec, workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                     concurrency=concurrency) as pool:
-        return solve_dataset_ray(pool, task, examples, settings=settings, output_dir=output_dir, resume=resume)
+        return solve_dataset_ray(pool, task, examples, settings=settings, output_dir=output_dir, resume=resume,
+                                 search_timeout_s=search_timeout_s)
