@@ -50,7 +50,8 @@ def test_frequent_tokens_can_skip_ids_already_chosen():
     assert frequent_tokens(counts, 2).tolist() == [5, 7]
 
 
-def _half_vocab_drafter(target, n_masks: int) -> ParallelDrafter:
+def half_vocab_drafter(target, n_masks: int) -> ParallelDrafter:
+    """An untrained drafter over the even tokens only (shared with test_mcsd_lossless)."""
     torch.manual_seed(0)
     drafter = ParallelDrafter(target, n_masks=n_masks, n_layers=1).eval()
     drafter.set_draft_vocab(torch.arange(0, target.config.vocab_size, 2))  # odd tokens can never be drafted
@@ -60,7 +61,7 @@ def _half_vocab_drafter(target, n_masks: int) -> ParallelDrafter:
 @pytest.mark.parametrize("mode,k_config,batch", [("sd", (1,), 1), ("seed", (2, 2), None)])
 def test_greedy_output_equals_the_target_alone_when_the_target_wants_undraftable_tokens(mode, k_config, batch):
     target = tiny_model("llama", seed=3)
-    drafter = _half_vocab_drafter(target, 3)
+    drafter = half_vocab_drafter(target, 3)
     prompts = [[3, 17, 42, 8, 61, 5], [9, 1, 77]]
     results = Engine(target, drafter).generate(prompts, SamplingParams(max_new_tokens=20, temperature=0), mode=mode,
                                                k_config=k_config, draft_batch=batch, verify_batch=batch)
@@ -74,7 +75,7 @@ def test_greedy_output_equals_the_target_alone_when_the_target_wants_undraftable
 @pytest.mark.parametrize("mode,k_config,setting,batch", [("sd", (1,), "top_k", 1), ("seed", (2, 2), "top_p", None)])
 def test_sampled_output_follows_the_target_distribution_with_a_draft_vocabulary(pair, mode, k_config, setting, batch):
     target, _ = pair
-    drafter = _half_vocab_drafter(target, 1)
+    drafter = half_vocab_drafter(target, 1)
     results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch)
     drafted_odd = Counter(t % 2 for r in results for t in r.token_ids)
     assert drafted_odd[1] > 0  # undraftable tokens are emitted (by the residual), at the target's rate below
@@ -84,7 +85,7 @@ def test_sampled_output_follows_the_target_distribution_with_a_draft_vocabulary(
 
 def test_a_round_runs_the_head_only_on_the_positions_it_reads():
     target = tiny_model("llama", seed=3)
-    drafter = _half_vocab_drafter(target, 3)
+    drafter = half_vocab_drafter(target, 3)
     rows = []
     handle = drafter.get_output_embeddings().register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[1]))
     try:
@@ -98,7 +99,7 @@ def test_a_round_runs_the_head_only_on_the_positions_it_reads():
 
 def test_the_vocabulary_is_saved_loaded_and_can_be_switched_off(tmp_path):
     target = tiny_model("llama", seed=3)
-    drafter = _half_vocab_drafter(target, 2)
+    drafter = half_vocab_drafter(target, 2)
     save_drafter(drafter, tmp_path / "d", target, "tiny", draft_vocab={"source": "test"})
     config = json.loads((tmp_path / "d" / "drafter.json").read_text())
     assert config["draft_vocab"] == {"size": 48, "source": "test"}
