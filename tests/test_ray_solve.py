@@ -266,18 +266,23 @@ def test_a_killed_actor_has_its_problem_retried_elsewhere(keeper, problems, refe
     assert by_id(records) == by_id(reference(0.0)[0])
 
 
+def solve_with_fault(pool, fault: Path, problems, out: Path, **options) -> tuple[dict, dict[str, dict]]:
+    """A greedy Ray run with `fault` in place: its summary and records by id (every problem written once)."""
+    task, examples, _ = problems
+    fault.touch()
+    try:
+        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=out, **options)
+    finally:
+        fault.unlink()
+    records = {r["id"]: r for r in read_records(out)}
+    assert sorted(records) == sorted(ex.id for ex in examples)
+    return summary, records
+
+
 def test_a_problem_that_kills_every_attempt_is_recorded_failed(keeper, problems, reference, tmp_path):
     task, examples, _ = problems
     pool = keeper.get()
-    fault = keeper.faults / "always-pens"
-    fault.touch()
-    try:
-        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path,
-                                    max_attempts=2)
-    finally:
-        fault.unlink()
-    records = {r["id"]: r for r in read_records(tmp_path)}
-    assert sorted(records) == sorted(ex.id for ex in examples)
+    summary, records = solve_with_fault(pool, keeper.faults / "always-pens", problems, tmp_path, max_attempts=2)
     failed = records.pop("1")
     assert failed["attempts"] == 2 and "worker 0" in failed["error"] and "worker 1" in failed["error"]
     assert failed["correct"] is False and failed["prediction"] == ""
@@ -384,15 +389,8 @@ def test_a_search_past_its_timeout_is_recorded_failed_and_its_actors_other_searc
     actor is restarted; the search beside it on that actor is sent again, not charged an attempt."""
     task, examples, _ = problems
     pool = keeper.get(concurrency=2)
-    fault = keeper.faults / "stall-marbles"  # 30 s, against a 10 s limit
-    fault.touch()
-    try:
-        summary = solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path,
-                                    search_timeout_s=10)
-    finally:
-        fault.unlink()
-    records = {r["id"]: r for r in read_records(tmp_path)}
-    assert sorted(records) == sorted(ex.id for ex in examples)
+    # marbles stalls 30 s, against a 10 s limit
+    summary, records = solve_with_fault(pool, keeper.faults / "stall-marbles", problems, tmp_path, search_timeout_s=10)
     failed = records.pop("3")
     assert failed["error"].endswith("timed out after 10 s") and failed["attempts"] == 1 and failed["correct"] is False
     reference_records = by_id(reference(0.0)[0])
