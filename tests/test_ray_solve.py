@@ -451,9 +451,10 @@ def test_missing_ray_is_one_clear_line(monkeypatch, problems, tmp_path):
     assert lines == ["Error: Ray is not installed; --ray needs it: pip install 'seed-tot[ray]'"]
 
 
-def test_workers_without_ray_is_a_usage_error(tmp_path):
-    result = CliRunner().invoke(main, ["solve", "gsm8k", "--output", str(tmp_path), "--workers", "2"])
-    assert result.exit_code != 0 and "--workers" in result.output and "--ray" in result.output
+@pytest.mark.parametrize("option", [("--workers", "2"), ("--search-timeout", "60")], ids=lambda o: o[0])
+def test_a_ray_option_without_ray_is_a_usage_error(tmp_path, option):
+    result = CliRunner().invoke(main, ["solve", "gsm8k", "--output", str(tmp_path), *option])
+    assert result.exit_code == 2 and option[0] in result.output and "--ray" in result.output
 
 
 def test_a_sibling_search_failing_because_its_actor_is_exiting_counts_as_a_lost_process_not_a_search_error():
