@@ -53,6 +53,17 @@ def test_an_answer_phrase_followed_by_its_computation_reads_the_result(text, exp
     assert extract_answer(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 3/4.", "0.75"),
+    ("The answer is 10 / 4 cups", "2.5"),
+    ("The answer is 3/4 = 0.75", "0.75"),  # the computation's result, as before
+    ("The answer is 7/0", "7"),  # no value: the number said
+])
+def test_an_answer_given_as_a_fraction_reads_as_its_value_not_its_numerator(text, expected):
+    """"The answer is 3/4" read as 3, which scores right against a gold 3."""
+    assert extract_answer(text) == expected
+
+
 def test_extract_answer_returns_none_when_text_has_no_number():
     assert extract_answer("I cannot solve this.") is None
 
