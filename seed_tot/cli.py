@@ -179,7 +179,7 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
               help="With --ray: CPUs per engine, also its torch threads [default: 1].")
 @click.option("--search-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="With --ray: a problem's search still running after this long is recorded as failed (--resume "
-                   "tries it again) and its engine restarted [default: no limit].")
+                   "tries it again) and its engine replaced by a new one [default: no limit].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,

@@ -386,7 +386,7 @@ def test_an_actor_dying_with_two_searches_in_flight_has_both_retried(keeper, pro
 def test_a_search_past_its_timeout_is_recorded_failed_and_its_actors_other_search_loses_no_attempt(
         keeper, problems, reference, tmp_path):
     """A hung search held its actor, and the run, for good. An actor call cannot be cancelled, so the
-    actor is restarted; the search beside it on that actor is sent again, not charged an attempt."""
+    actor is replaced; the search beside it on that actor is sent again, not charged an attempt."""
     task, examples, _ = problems
     pool = keeper.get(concurrency=2)
     # marbles stalls 30 s, against a 10 s limit
@@ -397,7 +397,7 @@ def test_a_search_past_its_timeout_is_recorded_failed_and_its_actors_other_searc
     assert {i: untimed(r) for i, r in records.items()} == {i: reference_records[i] for i in records}
     assert summary["failed"] == 1
     solve_dataset_ray(pool, task, examples, settings=settings_for(task, 0.0), output_dir=tmp_path, resume=True)
-    assert by_id(read_records(tmp_path)) == reference_records  # the restarted actor solves it on a resume
+    assert by_id(read_records(tmp_path)) == reference_records  # the new actor solves it on a resume
 
 
 def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, reference, tiny_model_dirs,

@@ -163,10 +163,11 @@ class EnginePool:
         self.retired: set[int] = set()  # actors Ray gave up restarting
         # max_concurrency > 1 makes a threaded actor: its calls share the engine, whose scheduler
         # batches their sequences (Engine.generate is thread-safe for that reason)
-        actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
-                           max_task_retries=0,  # the driver retries, on another actor
-                           max_concurrency=concurrency)(EngineWorker)
-        self.actors = [actor.remote(spec) for _ in range(workers)]
+        self._actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=max_restarts,
+                                 max_task_retries=0,  # the driver retries, on another actor
+                                 max_concurrency=concurrency)(EngineWorker)
+        self.spec = spec
+        self.actors = [self._actor.remote(spec) for _ in range(workers)]
         self.alive = True
         from ray.exceptions import RayActorError
         try:
@@ -181,6 +182,14 @@ class EnginePool:
         self.model_names = ray.get(self.actors[0].model_names.remote())
         log.info("%d Ray workers ready (%s CPU, %s GPU, %d searches at once each)", workers, cpus_per_worker,
                  gpus_per_worker, concurrency)
+
+    def replace(self, worker: int) -> None:
+        """A new actor in `worker`'s place, the old one killed for good (a running actor call cannot be
+        cancelled). A new actor rather than a Ray restart, so that stopping late searches does not use up
+        the restarts kept for crashes."""
+        ray = import_ray()
+        ray.kill(self.actors[worker], no_restart=True)
+        self.actors[worker] = self._actor.remote(self.spec)
 
     def shutdown(self) -> None:
         if not self.alive:
@@ -276,8 +285,8 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
     """`solve_dataset` on the pool's actors: the same results.jsonl and summary.json.
 
     A search still running after `search_timeout_s` is recorded as failed (a resume tries it again) and
-    its actor restarted, since a running actor call cannot be cancelled; the actor's other searches
-    go back to the queue without losing an attempt.
+    its actor replaced by a new one, since a running actor call cannot be cancelled; the actor's other
+    searches go back to the queue without losing an attempt.
 
     Raises WorkersLostError when every actor is gone with problems left (those already written
     stay; --resume continues), and the search's own exception when one raises.
@@ -305,17 +314,18 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
         spared: set = set()  # searches failing because the driver killed their actor: not their fault
 
         def restart(worker: int) -> None:
-            """After the first failure of an actor's death (or its kill): its slots leave until Ray has
-            restarted it. Calls made meanwhile would fail too; this one is retried by Ray through the
-            restart, and fails once Ray gives up."""
+            """After the first failure of an actor's death, or its replacement: its slots leave until the
+            actor (restarted by Ray, or new) answers. Calls made meanwhile would fail too; this one is
+            retried by Ray through a restart, and fails once Ray gives up."""
             nonlocal idle
             life[worker] += 1
             idle = [w for w in idle if w != worker]
             probe = pool.actors[worker].ready.options(max_task_retries=-1).remote()
             in_flight[probe] = worker, life[worker], None
 
-        def stop_overdue() -> None:
-            late, killed, newly_spared = _overdue(in_flight, started, time.monotonic(), search_timeout_s, life)
+        def stop_overdue(finished: list) -> None:
+            running = {r: v for r, v in in_flight.items() if r not in finished}
+            late, killed, newly_spared = _overdue(running, started, time.monotonic(), search_timeout_s, life)
             for ref in late:
                 worker, _, job = in_flight.pop(ref)
                 started.pop(ref)
@@ -326,7 +336,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                 recorder.add(_failed_record(task, job))
             spared.update(newly_spared)
             for worker in killed:
-                ray.kill(pool.actors[worker], no_restart=False)
+                pool.replace(worker)
                 restart(worker)
 
         ctrl_c, restore_handler = _notice_ctrl_c()
@@ -344,8 +354,8 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                     ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=_WAKE_S)
                     if ctrl_c.is_set():
                         raise KeyboardInterrupt
-                    if not ready and search_timeout_s is not None:
-                        stop_overdue()
+                    if search_timeout_s is not None:  # on every pass: with results arriving each second,
+                        stop_overdue(ready)  # a check only on empty waits would let a hung search run on
                         if not in_flight:
                             break
                 if not ready:
@@ -402,9 +412,9 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
 
 def _overdue(in_flight: dict, started: dict, now: float, timeout_s: float,
              life: dict[int, int]) -> tuple[list, set[int], set]:
-    """(searches past `timeout_s`, actors to restart for them, searches to spare). An actor's running call
-    cannot be cancelled, so ending a late search restarts its actor, unless it died and is restarting
-    already (its life moved on); the other searches in flight on a restarted actor end through no fault
+    """(searches past `timeout_s`, actors to replace for them, searches to spare). An actor's running call
+    cannot be cancelled, so ending a late search replaces its actor, unless it died and is restarting
+    already (its life moved on); the other searches in flight on a replaced actor end through no fault
     of their own, so they are spared: sent again without losing an attempt."""
     late = [r for r, (_, _, job) in in_flight.items() if job is not None and now - started[r] > timeout_s]
     killed = {worker for worker, born, _ in map(in_flight.get, late) if born == life[worker]}
