@@ -34,7 +34,7 @@ _GOLD_RE = re.compile(r"####\s*(" + _NUMBER + ")")
 # "The answer is 2 * 4 = 8": the number after a computation's "=" is the answer, not its first operand;
 # "The answer is 3/4": a fraction with no "=" after it is its value, not its numerator
 _ANSWER_RE = re.compile(r"the answer is\s*:?\s*[*_]*\s*(" + _NUMBER + r")(?:(?:\s*[-+*/x×÷]\s*" + _NUMBER
-                        + r")+\s*=\s*(" + _NUMBER + r")|\s*/\s*(\d+))?", re.IGNORECASE)
+                        + r")+\s*=\s*(" + _NUMBER + r")|\s*/\s*(\d(?:[\d,]*\d)?(?:\.\d+)?))?", re.IGNORECASE)
 _NUMBER_RE = re.compile(_NUMBER)
 _VALUE_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -72,8 +72,8 @@ def extract_answer(text: str) -> str | None:
             last = matches[-1]
             if isinstance(last, tuple):  # _ANSWER_RE: (said, result of its computation, a fraction's denominator)
                 said, result, denominator = last
-                if not result and denominator and int(denominator):
-                    return normalize_number(str(float(normalize_number(said)) / int(denominator)))
+                if not result and denominator and float(normalize_number(denominator)):
+                    return normalize_number(str(float(normalize_number(said)) / float(normalize_number(denominator))))
                 last = result or said
             return normalize_number(last)
     return None

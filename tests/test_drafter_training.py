@@ -119,6 +119,8 @@ def test_train_drafter_command_writes_a_drafter_that_generate_loads(tmp_path, ti
     assert written <= vocab and len(vocab) > len(written)
     card = (out / "MODEL_CARD.md").read_text()  # the model card reproduces the run and states its tau
     assert f"--data {data}" in card and "--k 2" in card and f"tau {report['heldout']['tau']:.2f}" in card
+    assert "--heldout 1 " in card and "--context 32 " in card and "--max-groups 4 " in card  # what shaped it
+    assert "Held out: the next 1 questions' 2 prompts, not trained on, nor counted in the draft vocabulary" in card
     engine = Engine.from_pretrained(target=target_dir, draft=str(out), device="cpu")
     prompt = engine.encode(["Tom has"])[0]
     generated = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode="seed")[0]
@@ -354,3 +356,21 @@ def test_held_out_prompts_share_no_question_or_instance_with_the_training_prompt
     assert split_questions(records, max_examples=100, heldout=2) == (records[:-2], records[-2:])  # a short file
     with pytest.raises(ValueError, match="none to train on"):
         split_questions(records[:2], max_examples=100, heldout=2)
+
+
+def test_the_draft_vocabulary_counts_no_held_out_blocksworld_prompt():
+    """Held-out questions were left out of the vocabulary's counts, but Blocksworld instances do not come
+    from the questions: rendered for every counted record from the task's small pool, they held the
+    held-out instances (all of them at the recipe's size), so the drafter's vocabulary had seen them."""
+    from seed_tot.training.drafter_data import heldout_prompts, records_tokens, split_questions, task_prompts
+
+    class Tokenless:  # render_prompt and encode without a model: the token lists are the texts
+        render_prompt = staticmethod(lambda user, assistant_prefix: f"{user}\n{assistant_prefix}")
+        encode = staticmethod(lambda texts: texts)
+
+    records = [{"question": f"Crate {i} holds {i} jars. How many jars are there?"} for i in range(600)]
+    train, held = split_questions(records[:200], max_examples=192, heldout=8)
+    measured = heldout_prompts(Tokenless, held, ("blocksworld",), 0, set(task_prompts(Tokenless, train, ("blocksworld",))))
+    counted = records[:192] + records[200:]
+    assert set(measured) & set(records_tokens(Tokenless, counted, ("blocksworld",)))  # the pool holds them
+    assert not set(measured) & set(records_tokens(Tokenless, counted, ("blocksworld",), frozenset(measured)))

@@ -58,6 +58,8 @@ def test_an_answer_phrase_followed_by_its_computation_reads_the_result(text, exp
     ("The answer is 10 / 4 cups", "2.5"),
     ("The answer is 3/4 = 0.75", "0.75"),  # the computation's result, as before
     ("The answer is 7/0", "7"),  # no value: the number said
+    ("The answer is 9/1.5", "6"),  # the whole denominator, not its leading digits
+    ("The answer is 3,000/1,000", "3"),
 ])
 def test_an_answer_given_as_a_fraction_reads_as_its_value_not_its_numerator(text, expected):
     """"The answer is 3/4" read as 3, which scores right against a gold 3."""

@@ -466,3 +466,32 @@ def test_a_resume_knows_problems_whose_data_holds_a_set_whatever_its_iteration_o
                             settings=settings, output_dir=tmp_path, resume=True)
     assert summary["n"] == 3 and [r["id"] for r in read_lines(tmp_path)] == ["e1", "e2", "e3"]
     assert read_lines(tmp_path)[0]["input"]["tags"] == [0, 8]
+
+
+def test_sets_are_spelled_in_one_order_numbers_by_value_and_sets_of_sets_too():
+    """key=repr wrote {2, 10} as [10, 2], and ordered a set of frozensets by reprs that follow hash order."""
+    from seed_tot.search.results_file import json_default
+
+    assert json.dumps({10, 2}, default=json_default) == "[2, 10]"
+    a, b = frozenset({0, 2}), frozenset({1, 4})  # {a, b} and {b, a} iterate in different orders
+    first, again = {a}, {b}
+    first.add(b)
+    again.add(a)
+    assert list(first) != list(again)
+    assert json.dumps(first, default=json_default) == json.dumps(again, default=json_default) == "[[0, 2], [1, 4]]"
+
+
+def test_a_run_that_spelled_a_set_as_text_before_still_resumes(tmp_path: Path, monkeypatch):
+    """Records written before sets were spelled as lists hold str(set), stable for numbers; a resume of
+    such a run was refused as other problems."""
+    from seed_tot.search import solve as solve_module
+
+    task = ToyTask()
+    settings = load_settings(None, base=task.config)
+    examples = [dataclasses.replace(EXAMPLES[0], data={**EXAMPLES[0].data, "tags": {0, 8}})] + EXAMPLES[1:]
+    with monkeypatch.context() as patch:  # the records as that code wrote them
+        patch.setattr(solve_module, "json_default", str)
+        solve_dataset(ScriptedEngine(TWO_STEP), task, examples[:1], settings=settings, output_dir=tmp_path)
+    assert read_lines(tmp_path)[0]["input"]["tags"] == "{0, 8}"
+    summary = solve_dataset(ScriptedEngine(TWO_STEP), task, examples, settings=settings, output_dir=tmp_path, resume=True)
+    assert summary["n"] == 3

@@ -164,6 +164,15 @@ def test_train_head_refuses_a_test_split(tmp_path):
     assert result.exit_code == 2 and "looks like a test split" in result.output
 
 
+def test_train_head_with_fewer_than_three_prompts_is_refused_before_generating(tmp_path):
+    """Held-out and validation rows are whole prompts, so 2 prompts failed in training, after generation."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 2?"}) + "\n" for i in range(5)))
+    result = CliRunner().invoke(main, ["train-head", "--data", str(data), "--out", str(tmp_path / "h"),
+                                       "--max-examples", "2"])
+    assert result.exit_code == 2 and "--max-examples" in result.output and not (tmp_path / "h").exists()
+
+
 def test_train_head_with_another_seed_does_not_resume_the_first_seeds_data_and_checkpoint(tiny_model_dirs, tmp_path):
     """--seed draws the responses and the mixing, but was not among the cached data's settings: a rerun with
     --seed 1 into the same --out reused seed 0's rows and checkpoint and saved them as its own."""

@@ -75,7 +75,7 @@ def check_same_problems(path: Path, done: dict[str, dict[str, Any]], examples: S
     another file (GSM8K train after test) would find "its" ids done, skip those problems and count
     the other problems' records as theirs."""
     differing = [ex for ex in examples if ex.id in done and isinstance(done[ex.id].get("input"), dict)
-                 and _canonical(done[ex.id]["input"]) != _canonical(ex.data)]
+                 and _canonical(done[ex.id]["input"]) not in (_canonical(ex.data), _canonical(ex.data, str))]
     if not differing:
         return
     first = differing[0]
@@ -92,13 +92,23 @@ def json_default(value: Any) -> Any:
     hash order, which differs between processes, so a resume would not know its own problems), the rest
     as str()."""
     if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
+        return sorted(value, key=_set_order)
     return str(value)
 
 
-def _canonical(value: Any) -> str:
-    """One JSON spelling of a problem's input: as a record stores it (tuples as lists, keys as text)."""
-    return json.dumps(json.loads(json.dumps(value, ensure_ascii=False, default=json_default)), sort_keys=True)
+def _set_order(item: Any) -> tuple:
+    """Numbers by value, then text, then anything else (sets of sets too) by its own canonical spelling."""
+    if isinstance(item, (int, float)) and not isinstance(item, bool):
+        return 0, item, ""
+    if isinstance(item, str):
+        return 1, 0, item
+    return 2, 0, json.dumps(item, sort_keys=True, default=json_default)
+
+
+def _canonical(value: Any, default=json_default) -> str:
+    """One JSON spelling of a problem's input: as a record stores it (tuples as lists, keys as text).
+    default=str: as records spelled sets before json_default, so that those runs still resume."""
+    return json.dumps(json.loads(json.dumps(value, ensure_ascii=False, default=default)), sort_keys=True)
 
 
 def _line_of(path: Path, record_id: str) -> int | None:

@@ -20,8 +20,9 @@ DATA_FILE = "data.safetensors"
 @model_options
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False), required=True,
               help='JSONL prompts, one {"question": ...} per line (e.g. GSM8K *train*).')
-@click.option("--max-examples", type=click.IntRange(min=2), default=64, show_default=True,
-              help="Prompts read from --data to generate acceptance data with.")
+@click.option("--max-examples", type=click.IntRange(min=3), default=64, show_default=True,
+              help="Prompts read from --data to generate acceptance data with (whole prompts are held out "
+                   "for evaluation and validation, so at least 3).")
 @click.option("--steps", type=click.IntRange(min=1), default=500, show_default=True, help="Training steps of the head.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Head, config, cached data and checkpoints go here; rerun to resume.")
@@ -59,7 +60,7 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
                    "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
                    "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples,
                    "seed": seed,  # it draws the responses (temperature > 0) and the mixing: other data
-                   "split": "by prompt"}  # data cached before rows knew their prompt cannot be split so
+                   "split": "by prompt"}  # data cached before rows knew their prompt: not reused
     data_path, meta_path = out / DATA_FILE, out / "data.json"
     if data_path.is_file() and meta_path.is_file() and json.loads(meta_path.read_text()) == trained_for:
         tensors = load_file(str(data_path))
@@ -76,6 +77,10 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
                    "prompt": data.prompt.contiguous()}, str(data_path))
         meta_path.write_text(json.dumps(trained_for, indent=2) + "\n", encoding="utf-8")
     click.echo(f"{len(data.labels)} rows, mean acceptance label {float(data.labels.mean()):.3f}", err=True)
+    answered = len(torch.unique(data.groups()))
+    if answered < 3:
+        raise click.ClickException(f"{answered} of the prompts got a response: too few to hold out one for "
+                                   f"evaluation and one for validation; raise --max-examples")
     torch.manual_seed(seed)
     head = AcceptanceHead(data.hidden.shape[1], layers)
     with tqdm(total=steps, desc="training head", unit="step") as bar:
@@ -112,6 +117,6 @@ def model_card(trained_for: dict, layers: int, report: dict, command: str) -> st
 
 - **What**: {layers} residual block(s) over the draft's hidden state, predicting the probability that the target accepts the token drafted from it (`head.safetensors`, `head.json`). Read by `--draft-policy specdec --head DIR` (and `auto` when given); refused beside another target or draft.
 - **Data**: {report['rows']} rows from the target's {sampling} responses ({trained_for['max_new_tokens']} tokens) to the first {trained_for['max_examples']} questions of `{Path(str(trained_for['data'])).name}` (a *train* split; no test data), mix rate {trained_for['mix_rate']}, rejection weight {trained_for['w_rej']}, seed {trained_for['seed']}.
-- **Training**: {report['steps']} steps, the weights of the best validation loss; validation and held-out rows are those of whole prompts (a tenth each), never of a trained prompt's response; held-out weighted BCE {report['heldout_loss']:.4f} against {report['best_constant_heldout_loss']:.4f} for the best constant ({report['best_constant']:.3f}).
+- **Training**: {report['steps']} steps, the weights of the best validation loss; validation and held-out rows are those of whole prompts (about a tenth each, at least one prompt each), never of a trained prompt's response; held-out weighted BCE {report['heldout_loss']:.4f} against {report['best_constant_heldout_loss']:.4f} for the best constant ({report['best_constant']:.3f}).
 - **Reproduce**: `{command}`
 """

@@ -162,8 +162,8 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
             held = range(len(train_records), len(train_records) + len(held_records))
             counted = [r for i, r in enumerate(load_records(data_file, required=("question",), limit=vocab_examples))
                        if i not in held]  # the held-out questions' words stay out of the drafter too
-            more = frequent_tokens(records_tokens(engine, counted, [t for t in tasks if t != "gsm8k_value"]),
-                                   vocab_size - ids.numel(), exclude=ids.tolist())
+            token_lists = records_tokens(engine, counted, [t for t in tasks if t != "gsm8k_value"], frozenset(held_texts))
+            more = frequent_tokens(token_lists, vocab_size - ids.numel(), exclude=ids.tolist())
             ids = torch.unique(torch.cat([ids, more]))
             source += f", then the most frequent of {len(counted)} {Path(data_file).name} records' prompts and solutions"
         drafter.set_draft_vocab(ids)
@@ -202,8 +202,10 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
                 "target_features": target_features, "feature_minutes": features_s / 60}
     save_drafter(drafter, out, engine.target, engine.target_name, training, vocab_record)
     command = ["seed-tot train-drafter", f"--method {method}", f"--data {data_file}", f"--k {k}", f"--layers {layers}",
-               f"--steps {steps}", f"--batch {batch}", f"--max-examples {max_examples}",
-               f"--max-new-tokens {max_new_tokens}", f"--distill-temperature {distill_temperature:g}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
+               f"--steps {steps}", f"--batch {batch}", f"--lr {lr:g}", f"--max-groups {max_groups}",
+               f"--max-examples {max_examples}", f"--heldout {heldout}", f"--max-new-tokens {max_new_tokens}",
+               f"--temperature {temperature:g}", f"--context {context}", f"--gen-batch {gen_batch}",
+               f"--distill-temperature {distill_temperature:g}", f"--tasks {','.join(tasks)}", f"--draft-vocab {vocab_size}", f"--vocab-examples {vocab_examples}",
                f"--seed {seed}", f"--out {out}"] + (["--target-features"] if target_features else [])
     if target:
         command.insert(2, f"--target {target}")
@@ -254,7 +256,7 @@ def model_card(method: str, k: int, layers: int, training: dict, command: str, v
     return f"""# {method} drafter for {Path(str(training['target'])).name}
 
 - **What**: {layers} decoder layer(s) of the target's own config class{f' + {k} [MASK] embeddings (one forward drafts up to {k + 1} tokens)' if method == 'parallelspec' else ' (one token per forward)'}, over the target's frozen, shared embeddings and LM head (not stored here). Load with `--draft DIR` / `Engine.from_pretrained(draft=DIR)`; it refuses any other target.
-- **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['train_questions']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens. Held out: the next {training['heldout']['questions']} questions' {training['heldout']['prompts']} prompts (Blocksworld: instances drawn with seed + 1), neither trained on nor counted in the draft vocabulary.
+- **Data**: the target's own {'greedy' if not training['temperature'] else f"T={training['temperature']}"} responses ({training['max_new_tokens']} tokens) to the project's {', '.join(training['tasks'])} prompts, rendered from the first {training['train_questions']} questions of `{Path(str(training['data'])).name}` (a *train* split; no test data). {training['samples']} samples, {training['response_tokens']} response tokens. Held out: the next {training['heldout']['questions']} questions' {training['heldout']['prompts']} prompts{' (Blocksworld: instances drawn with seed + 1)' if 'blocksworld' in training['tasks'] else ''}, not trained on{', nor counted in the draft vocabulary' if vocab else ''}.
 - **Training**: {training['steps']} steps, batch {training['batch']}, lr {training['lr']}, {training['max_groups']} groups per sequence; final loss {training['final_loss']:.3f}, per-position accuracy {accuracy}. Cost on the machine that trained it: {training['generate_minutes']:.1f} min generating the data, {training['train_minutes']:.1f} min training.
 {vocab_line(vocab)}{features_line(training)}{distill_line(training)}- **Held-out acceptance** (greedy sd, chain of {held['depth']}, {held['prompts']} prompts, {held['tokens']} tokens): tau {held['tau']:.2f} tokens per target forward, {held['acceptance']:.1%} of drafted tokens accepted.{sampled_line(training)}
 - **Reproduce**: `{command}`

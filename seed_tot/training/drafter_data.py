@@ -113,11 +113,12 @@ def heldout_prompts(engine, records: list[dict], tasks, seed: int, trained: set[
     return [p for p in task_prompts(engine, records, tasks, seed + 1) if p not in trained]
 
 
-def records_tokens(engine, records: list[dict], tasks) -> list[list[int]]:
-    """Token lists of the rendered task prompts of `records` and of their answers where they have one
-    (what a draft vocabulary counts when the target's own responses are too few)."""
-    texts = task_prompts(engine, records, tasks) + [str(r["answer"]) for r in records if r.get("answer")]
-    return engine.encode(texts)
+def records_tokens(engine, records: list[dict], tasks, exclude: frozenset[str] = frozenset()) -> list[list[int]]:
+    """Token lists of the rendered task prompts of `records` (less those in `exclude`: held-out prompts,
+    since generated Blocksworld instances come from a small pool whatever the records) and of their
+    answers where they have one (what a draft vocabulary counts when the target's own responses are too few)."""
+    prompts = [p for p in task_prompts(engine, records, tasks) if p not in exclude]
+    return engine.encode(prompts + [str(r["answer"]) for r in records if r.get("answer")])
 
 
 def special_ids(tokenizer) -> list[int]:
