@@ -15,7 +15,7 @@ from test_sampling_lossless import SAMPLES, VOCAB, pair, sample_through_engine, 
 from seed_tot import Engine, SamplingParams
 from seed_tot.cli import main
 from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
-from seed_tot.engine.drafters.draft_vocab import VOCAB_FILE, TrimmedHead, coverage, frequent_tokens, save_vocab
+from seed_tot.engine.drafters.draft_vocab import VOCAB_FILE, TrimmedHead, coverage, frequent_tokens, load_vocab, save_vocab
 
 
 def test_the_trimmed_head_scores_the_subset_exactly_and_nothing_else():
@@ -151,3 +151,38 @@ def test_the_drafter_vocab_command_counts_train_records_and_refuses_test_data(tm
     out = runner.invoke(main, ["drafter-vocab", "--drafter", str(tmp_path / "d"), "--target", target_dir, "--size", "0"])
     assert out.exit_code == 0 and not (tmp_path / "d" / VOCAB_FILE).exists()
     assert "- **Draft vocabulary**: the whole vocabulary (set after training" in card.read_text()
+
+
+def test_the_drafter_vocab_command_leaves_out_the_questions_training_held_out(tmp_path, tiny_model_dirs):
+    """A drafter trained with --heldout reports a held-out tau: re-counting its vocabulary from the same
+    train file must not count the held-out questions (it counted the first --max-examples records)."""
+    from seed_tot.training.drafter_data import task_prompts
+
+    target_dir, _ = tiny_model_dirs
+    plain = Engine.from_pretrained(target=target_dir, device="cpu", load_draft=False)
+    records = [{"question": f"Tom has {i} apples. How many?", "answer": f"{i} apples\n#### {i}"} for i in range(4)]
+    seen = {c for text in task_prompts(plain, records, ["gsm8k"]) for c in text}
+    seen |= {c for r in records for c in r["answer"]}
+    rare = [c for c in "QXZ@^~|`" if c not in seen][:2]
+    assert len(rare) == 2, "the test needs two characters no training prompt uses"
+    held = [{"question": f"{rare[0]}{rare[0]} has 5 apples.", "answer": "5 apples\n#### 5"}]
+    later = [{"question": f"{rare[1]} has 6 apples.", "answer": "6 apples\n#### 6"}]  # after the held-out ones: counted
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in records + held + later))
+    save_drafter(ParallelDrafter(plain.target, n_masks=2), tmp_path / "d", plain.target, target_dir)
+    config_path = tmp_path / "d" / "drafter.json"
+    config = json.loads(config_path.read_text())
+    config["training"] = {"data": str(train), "split": "by question", "train_questions": 4, "tasks": ["gsm8k"],
+                          "seed": 0, "heldout": {"questions": 1, "tau": 1.5}}
+    config_path.write_text(json.dumps(config))
+    card = tmp_path / "d" / "MODEL_CARD.md"
+    card.write_text("# drafter\n- **Held-out acceptance**: tau 1.5.\n- **Reproduce**: `seed-tot train-drafter`\n")
+    out = CliRunner().invoke(main, ["drafter-vocab", "--drafter", str(tmp_path / "d"), "--target", target_dir,
+                                    "--data", str(train), "--size", "90", "--tasks", "gsm8k"])
+    assert out.exit_code == 0, out.output
+    ids = set(load_vocab(tmp_path / "d").tolist())
+    rare_ids = [plain.encode([c])[0][0] for c in rare]
+    assert rare_ids[0] not in ids  # only the held-out question has it
+    assert rare_ids[1] in ids  # a record after the held-out ones is training-side and counted
+    assert "less the 1 questions held out in training" in out.output
+    assert "tau 1.5. Measured with the vocabulary it was trained with" in card.read_text()  # the tau predates it

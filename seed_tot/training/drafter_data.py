@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import torch
 
 from seed_tot.search.protocol import Example, State
 from seed_tot.tasks.gsm8k import solution_steps
+from seed_tot.tasks.loading import load_records
 
 from .samples import Sample
 
@@ -111,6 +113,19 @@ def heldout_prompts(engine, records: list[dict], tasks, seed: int, trained: set[
     instances are drawn with seed + 1 (the training ones with seed), so they are other instances save the
     ones both seeds draw, which the exact-match filter drops."""
     return [p for p in task_prompts(engine, records, tasks, seed + 1) if p not in trained]
+
+
+def training_heldout(engine, training: dict | None, data_file) -> tuple[range, frozenset[str]]:
+    """What a drafter trained by `train-drafter` held out of `data_file`, read from its recorded training
+    settings: the indices of its held-out questions and their prompts (less training ones), as
+    `train-drafter` computed them. Nothing when it was trained on another file or split otherwise."""
+    if not training or training.get("split") != "by question" or Path(str(training.get("data", ""))).name != Path(data_file).name:
+        return range(0), frozenset()
+    n_train, n_held = int(training["train_questions"]), int(training["heldout"]["questions"])
+    records = load_records(data_file, required=("question",), limit=n_train + n_held)
+    tasks, seed = training["tasks"], int(training.get("seed", 0))
+    trained = set(task_prompts(engine, records[:n_train], tasks, seed))
+    return range(n_train, n_train + n_held), frozenset(heldout_prompts(engine, records[n_train:], tasks, seed, trained))
 
 
 def records_tokens(engine, records: list[dict], tasks, exclude: frozenset[str] = frozenset()) -> list[list[int]]:

@@ -39,7 +39,7 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
     from seed_tot.tasks.loading import load_records
 
     from .data_source import refuse_test_split
-    from .drafter_data import records_tokens, special_ids, unpack
+    from .drafter_data import records_tokens, special_ids, training_heldout, unpack
     from .samples import DATA_FILE
 
     root = Path(drafter_dir)
@@ -58,8 +58,12 @@ def drafter_vocab_command(drafter_dir, target, data_file, size, max_examples, ta
     elif data_file is not None:
         refuse_test_split(data_file, "count tokens")
         records = load_records(data_file, required=("question",), limit=max_examples)
-        token_lists = records_tokens(engine, records, [t for t in tasks.split(",") if t])
+        held, held_texts = training_heldout(engine, config.get("training"), data_file)
+        records = [r for i, r in enumerate(records) if i not in held]  # the card's held-out tau stays held out
+        token_lists = records_tokens(engine, records, [t for t in tasks.split(",") if t], held_texts)
         source = f"{data_file} ({len(records)} records: rendered prompts and answers)"
+        if held:
+            source += f", less the {len(held)} questions held out in training"
     else:
         raise click.UsageError(f"{root} holds no {DATA_FILE}; pass --data with training records to count")
     ids = frequent_tokens(token_lists, size, special_ids(engine.tokenizer))
@@ -89,4 +93,6 @@ def _update_card(root: Path, vocab: dict | None) -> None:
     else:
         at = next((i for i, text in enumerate(lines) if text.startswith("- **Reproduce**")), len(lines))
         lines.insert(at, line)
+    stale = " Measured with the vocabulary it was trained with, not the one `seed-tot drafter-vocab` set since."
+    lines = [text + stale if text.startswith("- **Held-out acceptance**") and stale not in text else text for text in lines]
     card.write_text("\n".join(lines) + "\n", encoding="utf-8")
