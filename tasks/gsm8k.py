@@ -27,14 +27,16 @@ REQUIRED_PROMPTS = ("instruction", "examples", "thought_user", "answer_user", "s
 STOP = ("\nSub-question", "\nQuestion:")
 
 # A number as written in a solution: optional sign and "$", thousands commas, decimals, or a
-# decimal with no integer part (".5", "$.50": read as 5 and 50 before). The digit class ends on a
-# digit so "5, 6" yields "5", not "5,".
-_NUMBER = r"-?\$?(?:\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"
+# decimal with no integer part (".5", "$.50": read as 5 and 50 before). A comma belongs to the number
+# only between groups of three digits ("1,234,567"): "5, 6" yields "5", and "1,5" yields 1 then 5
+# (it read as 15).
+_DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
+_NUMBER = r"-?\$?(?:" + _DIGITS + r"(?:\.\d+)?|\.\d+)"
 _GOLD_RE = re.compile(r"####\s*(" + _NUMBER + ")")
 # "The answer is 2 * 4 = 8": the number after a computation's "=" is the answer, not its first operand;
 # "The answer is 3/4": a fraction with no "=" after it is its value, not its numerator
 _ANSWER_RE = re.compile(r"the answer is\s*:?\s*[*_]*\s*(" + _NUMBER + r")(?:(?:\s*[-+*/x×÷]\s*" + _NUMBER
-                        + r")+\s*=\s*(" + _NUMBER + r")|\s*/\s*(\d(?:[\d,]*\d)?(?:\.\d+)?))?", re.IGNORECASE)
+                        + r")+\s*=\s*(" + _NUMBER + r")|\s*/\s*(" + _DIGITS + r"(?:\.\d+)?))?", re.IGNORECASE)
 _NUMBER_RE = re.compile(_NUMBER)
 _VALUE_RE = re.compile(r"-?\d+(?:\.\d+)?")
 

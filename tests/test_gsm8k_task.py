@@ -66,6 +66,16 @@ def test_an_answer_given_as_a_fraction_reads_as_its_value_not_its_numerator(text
     assert extract_answer(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 1,5", "1"),  # not a thousands group: read 15 before
+    ("The answer is 1,234,567.", "1234567"),
+    ("We have 12,34 left", "34"),
+    ("The answer is 2,500/1,000", "2.5"),
+])
+def test_a_comma_joins_digits_only_between_groups_of_three(text, expected):
+    assert extract_answer(text) == expected
+
+
 def test_extract_answer_returns_none_when_text_has_no_number():
     assert extract_answer("I cannot solve this.") is None
 
