@@ -53,7 +53,7 @@ import argparse
 import json
 import logging
 
-from seed_tot.engine.cost_model import Costs, cache_path
+from seed_tot.engine.cost_model import Costs, cache_path, costs_from_entry
 from seed_tot.engine.policies.auto import batch_time, expected_tokens, plan_lengths
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ def load_entry(key: str) -> tuple[str, Costs]:
     if len(matches) != 1:
         raise SystemExit(f"{cache_path()}: {len(matches)} calibrations match {key!r}: {', '.join(cached) or 'none'}")
     entry = cached[matches[0]]
-    return matches[0], Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
-                                            for k in ("target_points", "draft_points")}})
+    return matches[0], costs_from_entry(entry)
 
 
 def from_points(text: str) -> tuple[str, Costs]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
-from seed_tot.engine.cost_model import cache_key
+from seed_tot.engine.cost_model import cache_key, calibrate, monotone_fit
 from seed_tot.engine.draft_tree import DraftTree
 from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
                                           load_costs)
@@ -103,6 +104,12 @@ def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path
         "draft_points": [[n, 9.0] for n in DRAFT_CALIBRATION_TOKENS if n <= 32]}}))
     costs = load_costs(engine)
     assert costs.draft_points[-1][0] == DRAFT_CALIBRATION_TOKENS[-1] and costs.draft_step_s != 9.0
+    # every size, but timed size by size (before the busy-stretch fix): measured again too
+    (tmp_path / "calibration.json").write_text(json.dumps({key: {
+        "target_fixed_s": 9.0, "target_per_token_s": 9.0, "draft_step_s": 9.0, "target_points": points,
+        "draft_points": [[n, 9.0] for n in DRAFT_CALIBRATION_TOKENS]}}))
+    assert load_costs(engine).draft_step_s != 9.0
+    assert json.loads((tmp_path / "calibration.json").read_text())[key]["timing"] == "rounds"
 
 
 # a CPU-like target: flat up to 3 tokens, then 45 ms per token (issue 10's cost table, rounded)
@@ -189,3 +196,34 @@ def test_greedy_auto_with_a_head_equals_target_alone():
                                   draft_policy=policy)
         assert [r.token_ids for r in results] == refs, mode
         assert max(r["drafted"] for r in policy.records) > 1  # the head's rule, not one-token probes
+
+
+def test_costs_read_a_noisy_calibration_through_its_monotone_fit():
+    # measured: 3 tokens slower than 4 (noise); a forward of more tokens never costs less
+    costs = Costs(0.1, 0.0, 0.01, ((1, 0.1), (2, 0.2), (3, 0.4), (4, 0.2), (8, 0.5)), ((1, 0.01), (2, 0.03), (4, 0.01)))
+    assert costs.target_points == ((1, 0.1), (2, 0.2), (3, pytest.approx(0.3)), (4, pytest.approx(0.3)), (8, 0.5))
+    assert costs.draft_points == ((1, 0.01), (2, pytest.approx(0.02)), (4, pytest.approx(0.02)))
+    assert monotone_fit(CPU_POINTS) == CPU_POINTS  # a monotone calibration is read as measured
+    assert Costs(**asdict(costs)) == costs  # what the cache holds reads back the same
+
+
+def test_calibration_survives_a_busy_stretch_of_the_machine(monkeypatch, llama_pair):
+    """Four forwards in a row slowed by other work (a stretch as long as one size's repeats): timed size
+    by size, the best of that size's repeats kept the slowdown; timed round by round, it is dropped."""
+    from seed_tot.engine import cost_model
+    from seed_tot.engine.kv_cache import KVCache
+
+    engine = Engine(*llama_pair)
+    clock = {"now": 0.0, "calls": 0}
+    real_forward = KVCache.forward
+
+    def forward(self, runtime, tokens, parents, *args, **kwargs):
+        clock["calls"] += 1
+        clock["now"] += 0.001 * len(tokens) + (5.0 if 22 <= clock["calls"] < 26 else 0.0)
+        return real_forward(self, runtime, tokens, parents, *args, **kwargs)
+
+    monkeypatch.setattr(KVCache, "forward", forward)
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock["now"])
+    costs = calibrate(engine)
+    assert clock["calls"] > 26  # the stretch fell inside the timed forwards
+    assert all(seconds < 1.0 for _, seconds in costs.target_points + costs.draft_points)

@@ -6,7 +6,9 @@ after a 64-token prefix, and batched draft steps at 1 ... 32 tokens and one prom
 measured sizes piecewise-linearly. Piecewise, not a + b * tokens: on a CPU a forward is nearly flat
 for the first few tokens and then grows, so a straight line through 1 and 64 tokens overstates short
 chains and a policy drafts fewer tokens than pay (docs/benchmarks.md, "Figures behind the code's
-design choices", has the table that showed it).
+design choices", has the table that showed it). The sizes are timed round by round (a busy
+stretch of the machine then costs one repeat of several sizes, which the best of the repeats drops),
+and read through their monotone fit (a forward of more tokens never costs less: a dip is noise).
 
 Costs are cached per target/draft architecture and shapes, dtype, device and machine (`cache_key`)
 in $SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json, so a machine calibrates once.
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 # up to 64: a batched verification carries rows x (draft length + 1) tokens
 CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 128)  # 128: what a prompt prefill costs (auto prices it)
+TIMING = "rounds"  # how a cached entry was timed: every size once per round (`calibrate`)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,12 @@ class Costs:
     target_points: tuple[tuple[int, float], ...] = ()
     draft_points: tuple[tuple[int, float], ...] = ()
 
+    def __post_init__(self):
+        # read through their monotone fit: a forward of more tokens never costs less, so a calibration
+        # whose 9 tokens time below its 3 measured noise, and a plan built on that dip drafts for nothing
+        object.__setattr__(self, "target_points", monotone_fit(self.target_points))
+        object.__setattr__(self, "draft_points", monotone_fit(self.draft_points))
+
     def target(self, tokens: int) -> float:
         if len(self.target_points) < 2:
             return self.target_fixed_s + self.target_per_token_s * tokens
@@ -64,6 +73,20 @@ class Costs:
     def extra_token(self, tokens: int) -> float:
         """What verifying tokens + 1 instead of `tokens` adds."""
         return self.target(tokens + 1) - self.target(tokens)
+
+
+def monotone_fit(points: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    """The non-decreasing curve closest to `points` (sizes ascending) in least squares: each run of
+    sizes that time below an earlier one is replaced by its mean (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [sum of seconds, sizes pooled]
+    for _, seconds in points:
+        blocks.append([seconds, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [total / count for total, count in blocks for _ in range(int(count))]
+    return tuple((n, seconds) for (n, _), seconds in zip(points, fitted))
 
 
 def _piecewise(points: tuple[tuple[int, float], ...], tokens: int) -> float:
@@ -157,19 +180,24 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
     context, sizes, draft_sizes = calibration_plan(engine, context, sizes, draft_sizes)
     prompt = [i % engine.vocab_size for i in range(1, context + 1)]
 
-    def timed(runtime, n_new: int) -> float:
-        kv = KVCache()
-        prefill(runtime, kv, prompt)
-        best = float("inf")
-        for _ in range(repeats + 1):  # the first is a warm-up
+    roles = {"target": (engine.target_runtime, sizes), "draft": (engine.draft_runtime, draft_sizes)}
+    runs = [(role, n) for role, (_, group) in roles.items() for n in group]
+    caches = {role: KVCache() for role in roles}
+    for role, (runtime, _) in roles.items():
+        prefill(runtime, caches[role], prompt)
+    best = [float("inf")] * len(runs)
+    # round by round over every size, not each size's repeats in a row: a stretch of the machine
+    # being busy elsewhere then slows one repeat of many sizes, which the best of the repeats drops,
+    # instead of every repeat of one size, which it keeps as that size's cost
+    for round_ in range(repeats + 1):  # the first is a warm-up
+        for i, (role, n_new) in enumerate(runs):
             start = time.perf_counter()
-            kv.forward(runtime, (prompt * (n_new // context + 1))[:n_new], [i - 1 for i in range(n_new)])
-            best = min(best, time.perf_counter() - start)
-            kv.commit([])
-        return best
-
-    points = tuple((n, timed(engine.target_runtime, n)) for n in sizes)
-    draft_points = tuple((n, timed(engine.draft_runtime, n)) for n in draft_sizes)
+            caches[role].forward(roles[role][0], (prompt * (n_new // context + 1))[:n_new], [j - 1 for j in range(n_new)])
+            if round_:
+                best[i] = min(best[i], time.perf_counter() - start)
+            caches[role].commit([])
+    points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "target")
+    draft_points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "draft")
     (n0, one), (n1, many) = points[0], points[-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
     return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
@@ -180,10 +208,19 @@ def _current(entry: dict, largest: int, largest_draft: int) -> bool:
     (the most this engine's models hold, `calibration_plan`): older ones hold a line only, or
     single-row sizes up to 16 tokens and no batched draft steps, or draft steps up to 32 tokens and
     no prompt-sized one (a prefill priced from them extrapolates the slope of small batched steps,
-    nearly flat on a GPU). Those are measured again."""
+    nearly flat on a GPU), or timed size by size (a busy stretch of the machine could set one size's
+    cost). Those are measured again."""
     sizes = [n for n, _ in entry.get("target_points", ())]
     draft_sizes = [n for n, _ in entry.get("draft_points", ())]
-    return max(sizes, default=0) >= largest and max(draft_sizes, default=0) >= largest_draft
+    return (max(sizes, default=0) >= largest and max(draft_sizes, default=0) >= largest_draft
+            and entry.get("timing") == TIMING)
+
+
+def costs_from_entry(entry: dict) -> Costs:
+    """The Costs a calibration cache entry holds (JSON keeps its points as lists)."""
+    fields = {k: v for k, v in entry.items() if k != "timing"}
+    return Costs(**{**fields, **{k: tuple((int(n), float(t)) for n, t in entry.get(k, ()))
+                                 for k in ("target_points", "draft_points")}})
 
 
 def load_costs(engine, recalibrate: bool = False) -> Costs:
@@ -201,11 +238,10 @@ def load_costs(engine, recalibrate: bool = False) -> Costs:
     entry = cached.get(key, {})
     _, sizes, draft_sizes = calibration_plan(engine)
     if _current(entry, sizes[-1], draft_sizes[-1]) and not recalibrate:
-        return Costs(**{**entry, **{k: tuple((int(n), float(t)) for n, t in entry[k])
-                                    for k in ("target_points", "draft_points")}})
+        return costs_from_entry(entry)
     costs = calibrate(engine)
     log.info("calibrated %s: %s", key, costs)
-    cached[key] = asdict(costs)
+    cached[key] = {**asdict(costs), "timing": TIMING}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cached, indent=2) + "\n", encoding="utf-8")
     return costs

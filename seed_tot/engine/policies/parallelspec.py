@@ -367,13 +367,12 @@ class ParallelSpecRound(DraftRound):
         """The number of levels whose draft has the most expected tokens per second (see the module doc),
         in a forward of `rows` rows that each draft like this one (1: the row alone); level_by_level:
         the first level that does not raise the rate ends the draft (a sampled row's rule)."""
-        costs, expected, nodes, best, best_rate, target_s = self.costs, 1.0, 0, 1, -1.0, 0.0
+        costs, expected, nodes, best, best_rate = self.costs, 1.0, 0, 1, -1.0
         draft_s = costs.draft(rows) * self.passes_run  # already spent: it only weighs against the target's
         for d, level in enumerate(levels, 1):
             expected += sum(node[3] for node in level)
             nodes += len(level)
-            # a running max: a calibration's noise can make n+1 tokens look cheaper than n
-            target_s = max(target_s, costs.target(rows * (nodes + 1)))
+            target_s = costs.target(rows * (nodes + 1))  # non-decreasing in tokens (Costs reads a monotone fit)
             rate = rows * expected / (draft_s + target_s)
             if rate > best_rate:  # ties keep the shallower draft
                 best, best_rate = d, rate
@@ -438,8 +437,7 @@ def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0
             return kept
         i = max(open_rows, key=lambda i: sum(n[3] for n in rows[i][kept[i]]) / len(rows[i][kept[i]]))
         level = rows[i][kept[i]]
-        # a running max: a calibration's noise can make n+1 tokens look cheaper than n
-        next_s = max(target_s, costs.target(tokens + len(level)))
+        next_s = costs.target(tokens + len(level))  # never below target_s: Costs reads a monotone fit
         gain = sum(n[3] for n in level)
         if (expected + gain) / (draft_s + next_s) <= expected / (draft_s + target_s):
             return kept
