@@ -46,12 +46,21 @@ class Line:
         self.index, self.length = index, length
 
 
+# A forward of several rows reads the history they all hold in the same slots (forks of one prompt
+# stretch: shared_prefill.py) once, for every row, when it is at least this long (row_attention.py).
+MIN_SHARED_READ = 64
+
+
 @dataclass
 class ScoringPlan:
     """The slots of one forward: where each row's new entries go and what every row reads afterwards."""
 
     write_slots: torch.Tensor  # [sum n_new] on the storage device, the rows' new entries in packed order
     read_index: torch.Tensor  # [rows, longest history] on the storage device; padding reads SCRATCH (masked)
+    # the first `shared` columns of read_index are the same slots in every row, all of them history:
+    # `shared_slots` says where (a slice when they are consecutive slots, else their slot ids)
+    shared: int = 0
+    shared_slots: "slice | torch.Tensor | None" = None
 
 
 class KVPool:
@@ -187,6 +196,7 @@ class KVPool:
             lengths = [line.length + n for line, n in zip(lines, n_new)]
             width = max(lengths, default=0)
             self._ensure_width(width)
+            shared, shared_slots = 0, None
             if len(lines) == 1:  # one row (every forward of ar, sd and prefill): plain slices, no index tensors
                 line = lines[0]
                 self.table[line.index, line.length: width] = slots
@@ -197,6 +207,7 @@ class KVPool:
                     cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
                     self.table[rows, cols] = slots
                 read = self.table[[line.index for line in lines], :width]
+                shared, shared_slots = _shared_history(read, min(line.length for line in lines))
                 if min(lengths) < width:  # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
                     read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
             for line, length in zip(lines, lengths):
@@ -204,12 +215,20 @@ class KVPool:
             self._in_flight += 1
         try:
             on_host = self.device.type == "cpu" or not on_device  # no transfer to make, not even a no-op one
+            if isinstance(shared_slots, torch.Tensor) and not on_host:
+                shared_slots = to_device(shared_slots, self.device)
             yield ScoringPlan(slots if on_host else to_device(slots, self.device),
-                              read if on_host else to_device(read, self.device))
+                              read if on_host else to_device(read, self.device), shared, shared_slots)
         finally:
             with self._cond:
                 self._in_flight -= 1
                 self._cond.notify_all()
+
+    def read_shared(self, layer: int, slots: "slice | torch.Tensor") -> tuple[torch.Tensor, torch.Tensor]:
+        """The entries at `slots` (a slice: a view of the storage, nothing copied): [n, kv_heads, head_dim] each."""
+        if isinstance(slots, slice):
+            return self.keys[layer][slots], self.values[layer][slots]
+        return self.read(layer, slots)
 
     def _grow(self, need: int) -> None:
         start = time.perf_counter()
@@ -268,3 +287,20 @@ class KVPool:
     def bytes_per_slot(self) -> int:
         return sum(t.shape[1:].numel() * t.element_size() for store in (self.keys, self.values) for t in store.values())
 
+
+def _shared_history(read: torch.Tensor, history: int) -> tuple[int, "slice | torch.Tensor | None"]:
+    """How many leading columns of `read` [rows, width] are the same slots in every row, within the
+    first `history` columns (what every row held before this forward), if at least MIN_SHARED_READ,
+    and where they are (a slice of the storage when consecutive, else their slot ids)."""
+    if history < MIN_SHARED_READ:
+        return 0, None
+    head = read[:, :history]
+    differs = (head != head[:1]).any(0)
+    shared = int(differs.int().argmax()) if bool(differs.any()) else history
+    if shared < MIN_SHARED_READ:
+        return 0, None
+    slots = head[0, :shared]
+    first = int(slots[0])
+    if int(slots[-1]) - first == shared - 1 and bool((slots[1:] - slots[:-1] == 1).all()):
+        return shared, slice(first, first + shared)
+    return shared, slots.clone()

@@ -83,8 +83,9 @@ class RowBatchCache(Cache):
     def __init__(self, config, pool, write_slots: torch.Tensor, read_index: torch.Tensor, masks: dict,
                  windows: list[int | None], history: int, *, rows: int, width: int, n_query: int, n_write: int,
                  one_each: bool, q_index: torch.Tensor | None = None, out_index: torch.Tensor | None = None,
-                 valid: torch.Tensor | None = None):
+                 valid: torch.Tensor | None = None, shared: int = 0, shared_slots=None):
         super().__init__(layers=[])
+        self.shared, self.shared_slots = shared, shared_slots  # the history every row holds in the same slots
         self.config, self.pool, self.masks, self.windows, self.history = config, pool, masks, windows, history
         self.write_slots, self.read_index = write_slots, read_index
         self.rows, self.width, self.n_query, self.n_write, self.one_each = rows, width, n_query, n_write, one_each
@@ -99,6 +100,7 @@ class RowBatchCache(Cache):
         rows, width = len(n_new), max(n_new)
         layout = dict(rows=rows, width=width, n_query=n_query, n_write=sum(n_new))
         # a decode step (one entry per row) is already in [rows, 1] order: no unpacking to index
+        layout.update(shared=plan.shared, shared_slots=plan.shared_slots)
         if all(n == 1 for n in n_new):
             return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=True,
                        **layout)
@@ -141,10 +143,8 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
     _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
     rows, width = batch.rows, batch.width
     scaling = head_dim ** -0.5 if scaling is None else scaling
-    mask = batch.masks[batch.windows[module.layer_idx]]  # [B, 1, Q, K]
-    keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
-    n_kv = keys.shape[1]
+    window = batch.windows[module.layer_idx]
+    mask = batch.masks[window]  # [B, 1, Q, K]
     decode = batch.one_each and n_query == rows  # one query per row, none padding: [1, H, B, D] in order
     if decode:
         q = query.transpose(0, 2)  # [B, H, 1, D]
@@ -152,6 +152,12 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         q = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
     else:
         q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
+    if batch.shared and window is None:  # no window can hide a shared key from any query
+        out = _shared_history_attention(batch, module.layer_idx, q, mask, scaling, softcap)
+        return _packed_output(batch, out, decode, n_query)
+    keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
+    n_kv = keys.shape[1]
     if softcap is None and batch.sdpa:
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
                                                                enable_gqa=n_heads != n_kv)
@@ -166,6 +172,46 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
             scores = scores + mask[:, :, None]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
+    return _packed_output(batch, out, decode, n_query)
+
+
+def _shared_history_attention(batch: RowBatchCache, layer: int, q: torch.Tensor, mask: torch.Tensor | None,
+                              scaling: float, softcap: float | None) -> torch.Tensor:
+    """Attention [B, H, Q, D] of every row's queries q [B, H, Q, D] over its history, where the first
+    `batch.shared` keys are the same slots in every row (forks of one prompt stretch): those are read
+    once, in place when consecutive, and scored for all rows' queries in one matmul per KV head; only
+    the rest of each row's history is gathered (cascade attention, as FlashInfer's and Hydragen's).
+    One softmax over both parts, as the eager implementation computes it (float32, then the dtype)."""
+    rows, n_heads, width, head_dim = q.shape
+    shared = batch.shared
+    shared_keys, shared_values = batch.pool.read_shared(layer, batch.shared_slots)  # [S, kv_heads, D]
+    keys, values = batch.pool.read(layer, batch.read_index[:, shared:])  # [B, K - S, kv_heads, D]
+    n_kv = keys.shape[2]
+    group = n_heads // n_kv
+    q = q.reshape(rows, n_kv, group * width, head_dim)
+    # the shared keys against every row's queries of a KV head at once: [kv, B * G * Q, S]
+    common = torch.matmul(q.transpose(0, 1).reshape(n_kv, rows * group * width, head_dim),
+                          shared_keys.permute(1, 2, 0)) * scaling
+    own = torch.matmul(q, keys.permute(0, 2, 3, 1)) * scaling  # [B, kv, G * Q, K - S]
+    if softcap is not None:
+        common, own = torch.tanh(common / softcap) * softcap, torch.tanh(own / softcap) * softcap
+    common = common.view(n_kv, rows, group, width, shared).transpose(0, 1)  # [B, kv, G, Q, S]
+    own = own.view(rows, n_kv, group, width, -1)
+    if mask is not None:  # the shared keys are history every query sees: only the rest is masked
+        own = own + mask[:, :, None, :, shared:]
+    top = torch.maximum(common.amax(-1, keepdim=True), own.amax(-1, keepdim=True)).float()
+    common, own = torch.exp(common.float() - top), torch.exp(own.float() - top)
+    total = common.sum(-1, keepdim=True) + own.sum(-1, keepdim=True)
+    common, own = (common / total).to(q.dtype), (own / total).to(q.dtype)
+    out = torch.matmul(common.transpose(0, 1).reshape(n_kv, rows * group * width, shared), shared_values.transpose(0, 1))
+    out = out.view(n_kv, rows, group * width, head_dim).transpose(0, 1)
+    out = out + torch.matmul(own.reshape(rows, n_kv, group * width, -1), values.transpose(1, 2))
+    return out.reshape(rows, n_heads, width, head_dim)
+
+
+def _packed_output(batch: RowBatchCache, out: torch.Tensor, decode: bool, n_query: int):
+    """Attention outputs [B, H, Q, D] in the packed query layout the model expects, [1, n_query, H, D]."""
+    rows, n_heads, width, head_dim = out.shape
     if decode:
         return out.permute(2, 0, 1, 3), None  # [1, B, H, D]: the packed layout the model expects
     if batch.one_each:
