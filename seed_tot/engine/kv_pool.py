@@ -210,6 +210,7 @@ class KVPool:
                 shared, shared_slots = _shared_history(read, min(line.length for line in lines))
                 if min(lengths) < width:  # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
                     read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
+            before = [line.length for line in lines]
             for line, length in zip(lines, lengths):
                 line.length = length
             self._in_flight += 1
@@ -219,6 +220,16 @@ class KVPool:
                 shared_slots = to_device(shared_slots, self.device)
             yield ScoringPlan(slots if on_host else to_device(slots, self.device),
                               read if on_host else to_device(read, self.device), shared, shared_slots)
+        except BaseException:
+            # a forward that failed (an OOM half-way) wrote some layers' entries and no caller will
+            # count them: each row's history is what it was, and the slots go back at the next drain
+            # (a row retried alone must not read them as its own keys)
+            with self._cond:
+                for line, length in zip(lines, before):
+                    if line.length > length:
+                        self._dropped.append((line.index, length, line.length))
+                    line.length = length
+            raise
         finally:
             with self._cond:
                 self._in_flight -= 1

@@ -1,0 +1,94 @@
+"""Faults inside the shared step loop (seed.py): a call that fails mid-step gives its KV slots back at
+once, a fault of one call's policy fails that call only, and a shared forward that fails half-way is
+retried row by row on exactly the history each row had before it."""
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import torch
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine import seed as seed_module
+from seed_tot.engine.kv_pool import KVPool
+from seed_tot.engine.policies import FixedPolicy
+from seed_tot.engine.seed import SeedError
+
+MAX_NEW = 16
+PROMPTS = [[5, 6, 7, 8], [9, 3, 2, 1], [4, 4, 1, 2]]  # one length: a decode step of them needs no mask
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model("llama", seed=0)
+    return target, noisy_copy(target, 0.005)
+
+
+def held_slots(pool: KVPool) -> int:
+    """Slots some row still holds (the scratch slot is never a row's)."""
+    gc.collect()  # rows free their slots when collected
+    pool.collect()
+    return pool.capacity - 1 - pool.n_free if pool.capacity else 0
+
+
+def _held(engine: Engine) -> dict[str, int]:
+    runtimes = {"target": engine.target_runtime, "draft": engine.draft_runtime}
+    return {role: held_slots(rt.pool) for role, rt in runtimes.items() if rt is not None and rt._pool is not None}
+
+
+def _fail_once_inside(model, layer: int = 1):
+    """Arm the returned dict's "armed" to make the next forward of 2+ entries raise inside decoder layer
+    `layer`, after the layers before it wrote their keys and values to the pool (an OOM mid-forward)."""
+    state = {"armed": False, "fired": 0}
+
+    def hook(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if state["armed"] and hidden.shape[1] >= 2:
+            state["armed"] = False
+            state["fired"] += 1
+            raise RuntimeError("injected fault half-way through a forward")
+
+    handle = model.model.layers[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    return state, handle
+
+
+@pytest.mark.parametrize("mode", ["parallel", "seed"])
+def test_a_shared_verification_failing_half_way_is_retried_on_each_rows_own_history(models, mode):
+    """Before: the failed forward's slots stayed on the rows' pool lines, so the one-by-one retry read
+    them as history: parallel returned wrong greedy tokens silently, seed failed on a mask of the wrong
+    size."""
+    target, draft = models
+    state, handle = _fail_once_inside(target)
+    try:
+        engine = Engine(target, draft)
+        prefill = engine._prefill_shared
+
+        def then_arm(seqs, with_draft):  # the next forward of the target is the first verification
+            prefill(seqs, with_draft)
+            state["armed"] = True
+
+        engine._prefill_shared = then_arm
+        results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW, temperature=0), mode=mode)
+    finally:
+        handle.remove()
+    assert state["fired"] == 1
+    assert [r.token_ids for r in results] == [reference_greedy(target, p, MAX_NEW) for p in PROMPTS]
+
+
+def test_a_forward_that_fails_inside_the_pools_scoring_gives_its_slots_back():
+    pool = KVPool("cpu")
+    owners = [torch.nn.Module(), torch.nn.Module()]  # a line's slots are freed when its owner is collected
+    lines = [pool.new_line(owner) for owner in owners]
+    with pool.scoring(lines, [3, 2]):
+        pass
+    free, table = pool.n_free, pool.table.clone()
+    with pytest.raises(RuntimeError, match="forward fault"):
+        with pool.scoring(lines, [4, 1]):
+            raise RuntimeError("forward fault")
+    assert [line.length for line in lines] == [3, 2]  # the rows' histories, as before the forward
+    pool.collect()
+    assert pool.n_free == free  # the failed forward's slots are free again
+    for line, n in zip(lines, [3, 2]):  # the rows' own slots are untouched
+        assert torch.equal(pool.table[line.index, :n], table[line.index, :n])
