@@ -38,6 +38,30 @@ def _held(engine: Engine) -> dict[str, int]:
     return {role: held_slots(rt.pool) for role, rt in runtimes.items() if rt is not None and rt._pool is not None}
 
 
+@pytest.mark.parametrize("mode", ["parallel", "seed"])
+def test_a_call_failing_in_one_row_mid_step_holds_no_kv_slot_once_it_has_returned(models, monkeypatch, mode):
+    """Before: the call's other rows, verified in the same step before the failing one, stayed queued in
+    the step loop (holding their KV slots and sequences) until some later call ran a step."""
+    target, draft = models
+    real = seed_module.accept_rows
+    rounds = {"n": 0}
+
+    def failing_row(jobs, *args, **kwargs):
+        outcomes = real(jobs, *args, **kwargs)
+        rounds["n"] += 1
+        if rounds["n"] == 3:  # the third verification: its last row fails, the others went through
+            outcomes[-1] = RuntimeError("injected row fault")
+        return outcomes
+
+    monkeypatch.setattr(seed_module, "accept_rows", failing_row)
+    engine = Engine(target, draft)
+    engine.clear_prefix_cache(keep=False)  # nothing kept across calls: every slot must come back
+    with pytest.raises(SeedError, match="injected row fault"):
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW, temperature=0), mode=mode)
+    assert engine.scheduler.active_calls == 0
+    assert _held(engine) and set(_held(engine).values()) == {0}
+
+
 def _fail_once_inside(model, layer: int = 1):
     """Arm the returned dict's "armed" to make the next forward of 2+ entries raise inside decoder layer
     `layer`, after the layers before it wrote their keys and values to the pool (an OOM mid-forward)."""

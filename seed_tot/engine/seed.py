@@ -102,6 +102,10 @@ class VerifyQueue:
     def push(self, job: VerifyJob) -> None:
         self._items.append(job)
 
+    def drop_ended(self) -> None:
+        """Drop the jobs of calls that are over."""
+        self._items = collections.deque(job for job in self._items if not job.call.over)
+
     def pop(self, at_most: int) -> list[VerifyJob]:
         """The head job and the jobs behind it, up to the head's call's verify_batch and `at_most`."""
         limit = self._items[0].call.verify_batch
@@ -214,7 +218,10 @@ class SeedScheduler:
             self._admit()
             self._draft_phase()
             self._verify_phase()
-            self._calls = [c for c in self._calls if not c.over]
+            live = [c for c in self._calls if not c.over]
+            if len(live) < len(self._calls):
+                self._drop_rows_of_ended_calls()
+            self._calls = live
         except Exception as err:  # a fault of the loop itself, outside any row's round: no caller may hang on it
             log.exception("the SEED step loop failed")
             self._fail_all(err)
@@ -222,6 +229,13 @@ class SeedScheduler:
             self._in_step = False
             if not self._calls:
                 self._hold_models(False)
+
+    def _drop_rows_of_ended_calls(self) -> None:
+        """Forget the queued rows of calls that are over (one failed in another row, or its caller
+        cancelled it after this step queued them): they would hold their sequences, and so their KV
+        slots, until some later call's step came to skip them, or for good if none came."""
+        self._to_draft = collections.deque(row for row in self._to_draft if not row[1].over)
+        self._queue.drop_ended()
 
     def _admit(self) -> None:
         with self._lock:
