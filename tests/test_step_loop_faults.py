@@ -62,6 +62,38 @@ def test_a_call_failing_in_one_row_mid_step_holds_no_kv_slot_once_it_has_returne
     assert _held(engine) and set(_held(engine).values()) == {0}
 
 
+class _ObserveFails(FixedPolicy):
+    """A policy whose bookkeeping after a verification raises (its second one)."""
+
+    name = "observe-fails"
+
+    def observe(self, seq, tree, acceptance) -> None:
+        super().observe(seq, tree, acceptance)
+        if len(self.records) >= 2:
+            raise RuntimeError("policy bookkeeping fault")
+
+
+@pytest.mark.parametrize("other_mode", ["seed", "parallel"])
+def test_a_policy_raising_after_a_verification_fails_its_own_call_only(models, other_mode):
+    """Before: the exception escaped the verify phase and the loop failed every call it served."""
+    target, draft = models
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=40, temperature=0)
+
+    async def both():
+        faulty = engine.agenerate([[1, 2, 3]], params, mode="seed", draft_policy=_ObserveFails((1, 1)))
+        healthy = engine.agenerate(PROMPTS, params, mode=other_mode)
+        return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
+
+    faulty, healthy = asyncio.run(both())
+    assert not isinstance(healthy, BaseException), healthy
+    assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
+    assert isinstance(faulty, SeedError) and "policy bookkeeping fault" in repr(faulty.__cause__)
+    assert engine.scheduler.active_calls == 0
+    del faulty  # its traceback's frames hold the rows verified beside the failing one
+    assert set(_held(engine).values()) == {0}
+
+
 def _fail_once_inside(model, layer: int = 1):
     """Arm the returned dict's "armed" to make the next forward of 2+ entries raise inside decoder layer
     `layer`, after the layers before it wrote their keys and values to the pool (an OOM mid-forward)."""

@@ -349,7 +349,12 @@ class SeedScheduler:
                 if call.over:
                     continue
                 if call.policy is not None:
-                    call.policy.observe(job.seq, job.tree, outcome)
+                    try:
+                        call.policy.observe(job.seq, job.tree, outcome)
+                    except Exception as err:  # the policy's own fault: its call's alone
+                        self._end(call, SeedError(f"the draft policy failed after verifying sequence "
+                                                  f"{job.seq.index}: {err!r}"), err)
+                        continue
                 call.events.append({
                     "type": "verify", "worker": job.seq.index, "start": starts[id(call)], "end": call.now(),
                     "enqueued": job.enqueued, "accepted": len(outcome.path), "resampled": outcome.resampled,
