@@ -13,7 +13,8 @@ from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import seed as seed_module
 from seed_tot.engine.kv_pool import KVPool
-from seed_tot.engine.policies import FixedPolicy
+from seed_tot.engine.policies import FixedPolicy, TreeBuilder
+from seed_tot.engine.policies.fixed import FixedRound
 from seed_tot.engine.seed import SeedError
 
 MAX_NEW = 16
@@ -148,3 +149,85 @@ def test_a_forward_that_fails_inside_the_pools_scoring_gives_its_slots_back():
     assert pool.n_free == free  # the failed forward's slots are free again
     for line, n in zip(lines, [3, 2]):  # the rows' own slots are untouched
         assert torch.equal(pool.table[line.index, :n], table[line.index, :n])
+
+
+class _BeginFails(FixedPolicy):
+    """A policy that fails to plan its rows' rounds from the second on (inside the batched draft round)."""
+
+    name = "begin-fails"
+
+    def __init__(self, k_config):
+        super().__init__(k_config)
+        self.rounds = 0
+
+    def begin(self, seq, params, vocab_size):
+        self.rounds += 1
+        if self.rounds >= 3:  # from its second round on, whatever shares the round
+            raise RuntimeError("policy planning fault")
+        return super().begin(seq, params, vocab_size)
+
+
+def test_a_policy_raising_in_a_shared_draft_round_fails_its_own_call_only(models, monkeypatch):
+    """Before: every call with a row in the failed batched draft round failed with it."""
+    target, draft = models
+    # the retry's warning carries the error, whose traceback holds the round's rows: pytest keeps log records
+    monkeypatch.setattr(seed_module.log, "warning", lambda *args, **kwargs: None)
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=40, temperature=0)
+
+    async def both():
+        faulty = engine.agenerate([[1, 2, 3], [3, 2, 1]], params, mode="seed", draft_policy=_BeginFails((1, 1)),
+                                  draft_batch="all")
+        healthy = engine.agenerate(PROMPTS, params, mode="seed", k_config=(2, 1), draft_batch="all")
+        return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
+
+    faulty, healthy = asyncio.run(both())
+    assert not isinstance(healthy, BaseException), healthy
+    assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
+    assert isinstance(faulty, SeedError) and "policy planning fault" in repr(faulty.__cause__)
+    assert engine.scheduler.active_calls == 0
+    del faulty
+    assert set(_held(engine).values()) == {0}
+
+
+class _StepFails(FixedPolicy):
+    """A policy whose rounds fail after the round's first draft forward (which fed every row of the
+    shared round its pending tokens), from the second round on."""
+
+    name = "step-fails"
+
+    def __init__(self, k_config):
+        super().__init__(k_config)
+        self.rounds = 0
+
+    def begin(self, seq, params, vocab_size):
+        self.rounds += 1
+        policy = self
+
+        class Round(FixedRound):
+            def step(self, logits, hidden, drawn=None):
+                if policy.rounds > 2:
+                    raise RuntimeError("policy step fault")
+                return super().step(logits, hidden, drawn)
+
+        return Round(TreeBuilder(seq, params, vocab_size), self.k_config)
+
+
+def test_a_shared_draft_round_failing_after_a_forward_is_drafted_again_from_each_rows_own_cache(models, monkeypatch):
+    """The retried call's rows drafted from draft caches that still held what the failed round fed."""
+    target, draft = models
+    monkeypatch.setattr(seed_module.log, "warning", lambda *args, **kwargs: None)
+    engine = Engine(target, draft)
+    params = SamplingParams(max_new_tokens=40, temperature=0)
+
+    async def both():
+        faulty = engine.agenerate([[1, 2, 3]], params, mode="seed", draft_policy=_StepFails((1, 1, 1)))
+        healthy = engine.agenerate(PROMPTS, params, mode="seed", k_config=(2, 1))
+        return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
+
+    faulty, healthy = asyncio.run(both())
+    assert not isinstance(healthy, BaseException), healthy
+    assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
+    assert isinstance(faulty, SeedError) and "policy step fault" in repr(faulty.__cause__)
+    del faulty
+    assert set(_held(engine).values()) == {0}

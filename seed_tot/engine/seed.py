@@ -314,16 +314,12 @@ class SeedScheduler:
             if not batch:
                 continue
             starts = [call.now() for _, call in batch]
-            try:
-                # picks left on the device are read by the verification's one transfer (verify.py)
-                drafts = draft_rows(self.engine.draft_runtime, [(seq, call.policy) for seq, call in batch],
-                                    self.engine.vocab_size, defer_tokens=True)
-            except Exception as err:  # each affected call raises it, naming its sequence
-                for seq, call in batch:
-                    self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {err!r}"), err)
-                continue
-            for (seq, call), start, (tree, node_entry) in zip(batch, starts, drafts):
-                self._push(seq, call, tree, node_entry, start)
+            outcomes = _draft_isolated(self.engine.draft_runtime, batch, self.engine.vocab_size)
+            for (seq, call), start, outcome in zip(batch, starts, outcomes):
+                if isinstance(outcome, Exception):  # confined to this row's call, which raises it naming the row
+                    self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {outcome!r}"), outcome)
+                    continue
+                self._push(seq, call, *outcome, start)
 
     def _verify_phase(self) -> None:
         """The jobs queued so far, one target forward per head's verify_batch; rows requeued meanwhile
@@ -384,6 +380,34 @@ class SeedScheduler:
         self._hold_models(False)
         for call in calls:
             self._end(call, err)
+
+
+def _draft_isolated(runtime, batch: list[tuple[Sequence, _Call]], vocab_size: int) -> list:
+    """One batched draft round of the rows; if it fails, each call's rows are drafted again on their
+    own (their draft caches back to where the round began), so one call's fault (its policy, its row)
+    cannot end the other calls that shared the round. Per row: (tree, node_entry) or the exception."""
+    marks = [len(seq.draft.parents) for seq, _ in batch]
+    try:
+        # picks left on the device are read by the verification's one transfer (verify.py)
+        return draft_rows(runtime, [(seq, call.policy) for seq, call in batch], vocab_size, defer_tokens=True)
+    except Exception as err:
+        by_call: dict[int, list[int]] = {}
+        for i, (_, call) in enumerate(batch):
+            by_call.setdefault(id(call), []).append(i)
+        if len(by_call) == 1:
+            return [err] * len(batch)
+        log.warning("a batched draft round of %d calls failed (%r); drafting each call's rows on their own",
+                    len(by_call), err)
+        for (seq, _), mark in zip(batch, marks):  # what the round fed before it failed is not the rows'
+            kv = seq.draft
+            if len(kv.parents) > mark:
+                kv.keep_entries(list(range(mark)))
+                kv.parents = kv.parents[:mark]
+        outcomes: list = [None] * len(batch)
+        for rows in by_call.values():
+            for i, outcome in zip(rows, _draft_isolated(runtime, [batch[i] for i in rows], vocab_size)):
+                outcomes[i] = outcome
+        return outcomes
 
 
 def _verify_isolated(runtime, jobs: list[VerifyJob], vocab_size: int) -> list:
