@@ -47,6 +47,7 @@ place of SpecDec++'s fixed threshold h.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -195,7 +196,16 @@ class AutoPolicy(DraftPolicy):
         return e_next / t_next <= e_now / t_now
 
     def _seq(self, seq) -> _SeqState:
-        return self._state.setdefault(id(seq), _SeqState(0.0, 0.0, 0, self.probe_every))
+        state = self._state.get(id(seq))
+        if state is None:
+            state = self._state[id(seq)] = _SeqState(0.0, 0.0, 0, self.probe_every)
+            # a row of a call that failed or was cancelled never reaches `observe` done: its state goes
+            # with the row (before its id can be another row's)
+            try:
+                weakref.finalize(seq, _forget, self._state, self._planned, id(seq))
+            except TypeError:  # a stand-in that takes no weak reference: `observe` alone drops it
+                pass
+        return state
 
     def _pooled(self, params: SamplingParams | None) -> bool:
         """Whether a row with these params may read what other sequences saw: the rows `load` plans
@@ -315,6 +325,11 @@ class AutoPolicy(DraftPolicy):
         if seq.done:
             self._state.pop(id(seq), None)
             self._planned.pop(id(seq), None)
+
+
+def _forget(state: dict, planned: dict, key: int) -> None:
+    state.pop(key, None)
+    planned.pop(key, None)
 
 
 def _call_kind(params: SamplingParams) -> tuple:

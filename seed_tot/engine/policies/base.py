@@ -26,6 +26,9 @@ from ..hidden_capture import HiddenCapture  # noqa: F401  (policies and training
 from ..params import SamplingParams
 from ..sampling import process_logits
 
+# round records a policy keeps (`DraftPolicy.records`): the latest ones, between this many and twice it
+MAX_RECORDS = 4096
+
 
 @dataclass
 class Feed:
@@ -164,11 +167,15 @@ class DraftPolicy:
 
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         """Called after each verification with what the target accepted (default: nothing to learn)."""
-        self.records.append(round_record(seq, tree, acceptance))
+        records = self.records
+        records.append(round_record(seq, tree, acceptance))
+        if len(records) > 2 * MAX_RECORDS:  # the policy lives as long as its engine: keep the latest only
+            del records[:-MAX_RECORDS]
 
     @property
     def records(self) -> list[dict]:
-        """Per round: sequence, nodes, depth, E(A) where the policy estimates it, tokens realized."""
+        """Per round: sequence, nodes, depth, E(A) where the policy estimates it, tokens realized
+        (the latest MAX_RECORDS rounds at least, at most twice that)."""
         if not hasattr(self, "_records"):
             self._records: list[dict] = []
         return self._records
