@@ -15,6 +15,7 @@ from seed_tot.engine.policies import FixedPolicy
 from seed_tot.engine.policies.base import MAX_RECORDS
 from seed_tot.engine.seed import SeedError
 from seed_tot.engine.verify import Acceptance
+from test_step_loop_faults import settled
 
 
 def test_a_policy_keeps_the_latest_round_records_only():
@@ -52,5 +53,6 @@ def test_auto_forgets_the_rows_of_a_call_that_failed():
             engine.generate([[1, 2, 3], [4, 5, 6], [7, 8, 9]], params, mode="seed", draft_policy="auto",
                             policy_options=options)
     assert rounds["n"] == 4 and policy.records  # it drafted, and failed in its fourth verification
+    settled(engine)
     gc.collect()
     assert len(policy._state) == 0 and len(policy._planned) == 0

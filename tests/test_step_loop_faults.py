@@ -34,7 +34,14 @@ def held_slots(pool: KVPool) -> int:
     return pool.capacity - 1 - pool.n_free if pool.capacity else 0
 
 
+def settled(engine: Engine) -> None:
+    """Wait for the step the loop may still be finishing: a failing call's caller wakes inside it, while
+    the step's own locals still hold the rows it verified."""
+    engine.scheduler.executor.call(lambda: None)
+
+
 def _held(engine: Engine) -> dict[str, int]:
+    settled(engine)
     runtimes = {"target": engine.target_runtime, "draft": engine.draft_runtime}
     return {role: held_slots(rt.pool) for role, rt in runtimes.items() if rt is not None and rt._pool is not None}
 
