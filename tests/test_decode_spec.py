@@ -97,7 +97,7 @@ def test_parsing_a_spec_from_command_line_strings_imports_no_torch():
 def test_a_config_key_with_a_bad_value_names_the_file_the_key_and_what_it_accepts(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("n_workers: 0\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: key 'n_workers': n_workers must be a positive integer"):
+    with pytest.raises(ConfigError, match=r"bad.yaml:1: key 'n_workers': n_workers must be a positive integer"):
         load_settings(config)
 
 

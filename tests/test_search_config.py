@@ -91,3 +91,23 @@ def test_a_config_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
 def test_unknown_override_is_an_error():
     with pytest.raises(ConfigError, match="command line.*'widht'"):
         apply_overrides(RunSettings(), widht=3)
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("depth: 3\nbredth: 2\n", ":2:", ["unknown key 'bredth'"]),  # a typo
+    ("depth: 3\n\nbreadth: two\n", ":3:", ["key 'breadth'", "expected a positive integer, got 'two'"]),
+    ("depth: 3\nbreadth: -1\n", ":2:", ["key 'breadth'", "positive integer, got -1"]),
+    ("mode: ar\ndepth: -2\n", ":2:", ["key 'depth'", "positive integer, got -2"]),
+    ("depth: 2\nk_config: [2, -1]\n", ":2:", ["key 'k_config'"]),
+    ("depth: 2\nextra:\n  value_max: 10\n  value_max_new_tokns: 3\n", ":4:", ["'value_max_new_tokns'"]),
+    ("depth: 2\ntask: blocksworld\n", ":2:", ["written for task 'blocksworld'"]),
+])
+def test_a_bad_key_or_value_names_the_line_it_is_on(tmp_path: Path, text: str, where: str, words: list[str]):
+    # the syntax errors named the line, a parsed file's bad key or value only the file
+    file = tmp_path / "bad.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(file, base=SearchConfig(extra={"value_max": 10, "value_max_new_tokens": 8}), task_name="gsm8k")
+    assert str(err.value).startswith(f"{file}{where} "), str(err.value)
+    for word in words:
+        assert word in str(err.value)

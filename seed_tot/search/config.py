@@ -141,10 +141,14 @@ def _copy(settings: RunSettings) -> RunSettings:
     return dataclasses.replace(settings, search=search)
 
 
-def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_none: bool,
-           known_extra: frozenset[str] | None = None) -> RunSettings:
+def _apply(settings: RunSettings, values: Mapping[str, Any], source: str, skip_none: bool,
+           known_extra: frozenset[str] | None = None, lines: Mapping[Any, int] | None = None) -> RunSettings:
+    """`lines`: a file's key -> its 1-based line ("extra.KEY" for a task option), so that an error
+    names the line as well as the file."""
+    lines = lines or {}
     updated = _copy(settings)
     for key, raw in values.items():
+        where = f"{source}:{lines[key]}" if key in lines else source
         if key not in SETTING_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(SETTING_KEYS)}")
         if raw is None and skip_none:
@@ -163,6 +167,7 @@ def _apply(settings: RunSettings, values: Mapping[str, Any], where: str, skip_no
         if key == "extra":  # merged, so a file can set one task option and keep the others
             unknown = sorted(set(value) - known_extra) if known_extra is not None else []
             if unknown:  # a task option the task never reads would be recorded but do nothing
+                where = f"{source}:{lines[f'extra.{unknown[0]}']}" if f"extra.{unknown[0]}" in lines else where
                 raise ConfigError(f"{where}: extra key(s) {', '.join(map(repr, unknown))} are not options of "
                                   f"this task; its options: {', '.join(sorted(known_extra)) or 'none'}")
             updated.search.extra.update(value)
@@ -201,6 +206,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _key_lines(text: str) -> dict[Any, int]:
+    """The 1-based line of each top-level key of a parsed YAML mapping, and of each key of its
+    `extra` mapping as "extra.KEY" (the values' checks come after parsing, where yaml's marks are gone)."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[Any, int] = {}
+    if not isinstance(root, yaml.MappingNode):
+        return lines
+    for key_node, value_node in root.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            lines[key_node.value] = key_node.start_mark.line + 1
+            if key_node.value == "extra" and isinstance(value_node, yaml.MappingNode):
+                for sub_key, _ in value_node.value:
+                    if isinstance(sub_key, yaml.ScalarNode):
+                        lines[f"extra.{sub_key.value}"] = sub_key.start_mark.line + 1
+    return lines
+
+
 def load_settings(path: str | Path | None, base: SearchConfig | None = None, task_name: str | None = None) -> RunSettings:
     """Settings from `base` (the task's own config; SearchConfig() when None) and the YAML file at
     `path` (None: no file). Raises ConfigError naming the file and key for any bad value, for an
@@ -231,10 +253,12 @@ def load_settings(path: str | Path | None, base: SearchConfig | None = None, tas
         values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"{file}: expected a mapping of settings (key: value), got {type(values).__name__}")
+    lines = _key_lines(text)
     settings = _apply(settings, values, str(file), skip_none=False,
-                      known_extra=frozenset(base.extra) if base is not None else None)
+                      known_extra=frozenset(base.extra) if base is not None else None, lines=lines)
     if task_name is not None and settings.task is not None and settings.task != task_name:
-        raise ConfigError(f"{file}: written for task {settings.task!r}, not {task_name!r}; "
+        where = f"{file}:{lines['task']}" if "task" in lines else str(file)
+        raise ConfigError(f"{where}: written for task {settings.task!r}, not {task_name!r}; "
                           f"pass a config for {task_name} (or drop its 'task' key)")
     settings.source = str(file)
     return settings
