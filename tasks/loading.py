@@ -68,7 +68,7 @@ def load_records(path: str | None, *, hub: tuple[str, str | None, str] | None = 
             raise DataError(f"data file {path} does not exist")
         if text_field is not None:
             lines = _check_text(file, text_field)
-            text = file.read_text(encoding="utf-8").splitlines()
+            text = file.read_text(encoding="utf-8-sig").splitlines()
             records = [{text_field: text[n - 1].strip()} for n in lines]
         else:
             rows = read_jsonl(file, required)
@@ -123,7 +123,7 @@ def _check_text(file: Path, text_field: str) -> list[int]:
     """The 1-based numbers of the file's non-blank lines. Errors: not UTF-8, nothing but blank
     lines, or JSON records where this task reads plain text (a data file of another task)."""
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not part of the first line
     except UnicodeDecodeError as err:
         raise DataError(f"{file}: not UTF-8 text ({err})") from err
     lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -148,6 +148,8 @@ def read_jsonl(file: str | Path, required: tuple[str, ...] = ()) -> list[tuple[i
     # neither the file nor the line, for a file saved in another encoding
     with Path(file).open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (as Windows editors save UTF-8)
+                raw = raw[3:]
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:

@@ -137,3 +137,23 @@ def test_a_predictions_file_that_is_not_utf8_names_the_file_and_line(tmp_path: P
     bad = tmp_path / "preds.jsonl"
     bad.write_bytes('{"id": "0", "prediction": "12\xa0"}\n'.encode("latin-1"))
     assert f"{bad}:1: not UTF-8 text" in fails("score", "gsm8k", "--data", str(data), "--predictions", str(bad))
+
+
+def test_a_data_file_saved_with_a_utf8_bom_loads_as_without_one(tmp_path: Path):
+    # editors on Windows save UTF-8 with a byte-order mark: JSONL was refused ("Unexpected UTF-8 BOM
+    # (decode using utf-8-sig)"), and a text task kept it in its first sentence, so that a passage
+    # ending in that sentence scored 0.75
+    jsonl = tmp_path / "gsm.jsonl"
+    jsonl.write_text("\ufeff" + "\r\n".join(GSM8K_LINES) + "\r\n", encoding="utf-8")
+    plain = tmp_path / "gsm-plain.jsonl"
+    plain.write_text("\n".join(GSM8K_LINES) + "\n", encoding="utf-8")
+    assert get_task("gsm8k").load(str(jsonl)) == get_task("gsm8k").load(str(plain))
+
+    task = get_task("creative_writing")
+    lines = (FIXTURES / "creative_writing_small.txt").read_text(encoding="utf-8").splitlines()
+    text = tmp_path / "cw.txt"
+    text.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
+    example = task.load(str(text))[0]
+    assert example == task.load(str(FIXTURES / "creative_writing_small.txt"))[0]
+    passage = "\n\n".join(f"Some words first. {s}" for s in task.endings(example))
+    assert task.score(example, passage)["ends_match"]
