@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import sys
+import traceback
 import zlib
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,13 @@ def _import_file(path: Path) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as err:  # the file's own mistake: one line naming where, not a traceback
+        del sys.modules[module_name]
+        where = err.filename if err.filename and Path(err.filename).resolve() != path.resolve() else path  # or an import
+        raise TaskNotFound(f"task file {where}:{err.lineno}: not valid Python ({err.msg})") from None
+    except ImportError as err:  # an import the file makes: the module is not installed
+        del sys.modules[module_name]
+        raise TaskNotFound(f"task file {path}:{_line_in(err, path)}: {err} (install it, or fix the import)") from None
     except BaseException:
         del sys.modules[module_name]
         raise
@@ -91,9 +100,25 @@ def _import_file(path: Path) -> Any:
     return module
 
 
+def _line_in(err: BaseException, path: Path) -> int | str:
+    """The line of `path` that `err` was raised from (its innermost frame in that file)."""
+    line: int | str = "?"
+    for frame, lineno in traceback.walk_tb(err.__traceback__):
+        if Path(frame.f_code.co_filename).resolve() == path.resolve():
+            line = lineno
+    return line
+
+
 def _build(factory: Any, spec: str) -> Task:
     if not callable(factory):
         raise TaskNotFound(f"task {spec}: {factory!r} is not a class")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as err:
+        raise TaskNotFound(f"task {spec}: the class is called without arguments to build the task, but {err}; "
+                           f"give its parameters defaults") from None
+    except ValueError:  # no signature to read (a builtin): call it and see
+        pass
     task = factory()
     missing = [m for m in ("name", "config", "load", "thought_prompt", "extend", "value_prompt", "parse_value",
                            "is_final", "answer_prompt", "prediction", "score") if not hasattr(task, m)]

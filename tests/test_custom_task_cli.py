@@ -74,3 +74,20 @@ def test_entry_point_plugin_is_found_by_name(tmp_path: Path, monkeypatch):
 def test_a_bad_task_spec_is_a_one_line_error(tmp_path: Path, spec: str, words: str):
     result = CliRunner().invoke(main, ["solve", spec, "--output", str(tmp_path / "o")])
     assert result.exit_code == 2 and words in result.output, result.output
+
+
+@pytest.mark.parametrize("source,words", [
+    ("class Task:\n    def load(self)\n        return []\n", ["bad_task.py:2: not valid Python", "expected ':'"]),
+    ("import os\nimport no_such_module_for_a_task\n", ["bad_task.py:2:", "No module named 'no_such_module_for_a_task'"]),
+    ("class Task:\n    def __init__(self, data_dir):\n        pass\n",
+     ["bad_task.py:Task", "is called without arguments", "data_dir"]),
+])
+def test_a_task_file_that_cannot_be_imported_or_built_names_the_file_and_line(tmp_path: Path, source: str,
+                                                                                words: list[str]):
+    # these were tracebacks (SyntaxError, ModuleNotFoundError, TypeError) rather than one usage error
+    task_file = tmp_path / "bad_task.py"
+    task_file.write_text(source)
+    result = CliRunner().invoke(main, ["solve", f"{task_file}:Task", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    for word in words:
+        assert word in result.output, result.output
