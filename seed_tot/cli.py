@@ -279,6 +279,7 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
 
 def _task_setup(task_name, config_file, data, limit, offset):
     from seed_tot.search import load_settings, shipped_config
+    from seed_tot.search.expansion import check_examples
     from seed_tot.tasks.loading import check_window
 
     task = _get_task(task_name)
@@ -289,7 +290,10 @@ def _task_setup(task_name, config_file, data, limit, offset):
         check_window(limit, offset)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    examples = task.load(data, limit=limit, offset=offset)
+    try:
+        examples = check_examples(task, task.load(data, limit=limit, offset=offset))
+    except TypeError as err:
+        raise click.UsageError(str(err)) from None
     if not examples:
         raise click.UsageError(f"no problems to solve: {data or 'the default data of ' + task.name} has none "
                                f"from --offset {offset}")

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from seed_tot.search.protocol import Task
+from seed_tot.search.protocol import SearchConfig, Task
 
 TASK_NAMES = ("gsm8k", "creative_writing", "blocksworld")
 ENTRY_POINT_GROUP = "seed_tot.tasks"
@@ -125,4 +125,7 @@ def _build(factory: Any, spec: str) -> Task:
     if missing:
         raise TaskNotFound(f"task {spec}: not a seed_tot Task, it lacks {', '.join(missing)} "
                            f"(see seed_tot/search/protocol.py)")
+    if not isinstance(task.config, SearchConfig):  # a dict failed later as "no attribute 'extra'"
+        raise TaskNotFound(f"task {spec}: its config is a {type(task.config).__name__} ({task.config!r}); "
+                           f"expected a SearchConfig(depth=..., ...) from seed_tot.search.protocol")
     return task

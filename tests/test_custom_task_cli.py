@@ -91,3 +91,26 @@ def test_a_task_file_that_cannot_be_imported_or_built_names_the_file_and_line(tm
     assert result.exit_code == 2, (result.output, result.exception)
     for word in words:
         assert word in result.output, result.output
+
+
+@pytest.mark.parametrize("body,words", [
+    ("    def load(self, path=None, limit=None, offset=0):\n        return [{'numbers': '4 4 6 8'}]\n",
+     ["load returned a dict", "Example(id=str, data=dict)"]),
+    ("    def load(self, path=None, limit=None, offset=0):\n        return [Example(1, {'numbers': '4 4 6 8'})]\n",
+     ["load returned an Example with id 1 (int)", "a string"]),
+    ("    def load(self, path=None, limit=None, offset=0):\n        return None\n", ["load returned None"]),
+    ("    def __init__(self):\n        self.config = {'depth': 1}\n", ["config is a dict", "SearchConfig"]),
+])
+def test_a_task_whose_load_or_config_has_the_wrong_type_is_refused_before_any_model_loads(
+        tmp_path: Path, body: str, words: list[str]):
+    # these failed as AttributeError ('dict' object has no attribute 'id' / 'extra', 'int' object
+    # has no attribute 'encode') after the models had loaded, or as "no problems to solve"
+    task_file = tmp_path / "my_task.py"
+    task_file.write_text(f"import sys\nsys.path.insert(0, {str(GAME24.parent)!r})\nfrom game24 import Game24\n"
+                         f"from seed_tot.search.protocol import Example\n\nclass Task(Game24):\n{body}")
+    result = CliRunner().invoke(main, ["solve", f"{task_file}:Task", "--target", str(tmp_path / "no-model"),
+                                       "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "my_task.py" in result.output and "no-model" not in result.output, result.output
+    for word in words:
+        assert word in result.output, result.output

@@ -5,6 +5,7 @@ thought call and one value call -- the two batches the SEED scheduler accelerate
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -114,3 +115,33 @@ def task_score(task: Task, example: Example, prediction: str) -> dict[str, Any]:
 def rank_by_value(values: Sequence[float]) -> list[int]:
     """Indices from best to worst; `sorted` is stable, so equal values keep their order."""
     return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+def defined_at(task: Any, method: str) -> str:
+    """Where the task's `method` is written, "FILE:LINE" (empty when Python cannot say), for errors."""
+    try:
+        function = inspect.unwrap(getattr(type(task), method))
+        return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
+    except (AttributeError, TypeError, OSError):
+        return ""
+
+
+def check_examples(task: Task, examples: Any) -> list[Example]:
+    """`task.load`'s return value, refused unless it is a list of Example(id=str, data=dict): a dict
+    or an integer id failed later as an AttributeError deep in the search, after the models loaded."""
+    where = defined_at(task, "load")
+    head = (f"{where}: " if where else "") + f"task {task.name!r}: load"
+    expected = "expected a list of Example(id=str, data=dict) from seed_tot.search.protocol"
+    if not isinstance(examples, (list, tuple)):
+        raise TypeError(f"{head} returned {examples!r}; {expected}")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, Example):
+            article = "an" if type(ex).__name__[0] in "aeiou" else "a"
+            raise TypeError(f"{head} returned {article} {type(ex).__name__} at position {i} ({str(ex)[:80]}); {expected}")
+        if not isinstance(ex.id, str):
+            raise TypeError(f"{head} returned an Example with id {ex.id!r} ({type(ex.id).__name__}) at position {i}; "
+                            f"an id must be a string (results.jsonl keys records by it), e.g. str({ex.id!r})")
+        if not isinstance(ex.data, dict):
+            raise TypeError(f"{head} returned an Example whose data is {type(ex.data).__name__} at position {i}; "
+                            f"{expected}")
+    return list(examples)
