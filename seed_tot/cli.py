@@ -27,6 +27,12 @@ class _Main(click.Group):
         except (ValueError, OSError) as err:
             log.debug("command failed", exc_info=True)
             raise click.ClickException(str(err)) from err
+        except TypeError as err:  # a user's task method that returned the wrong type (search/expansion.py)
+            expansion = sys.modules.get("seed_tot.search.expansion")  # not imported here: `--help` stays light
+            if expansion is None or not isinstance(err, expansion.TaskMethodError):
+                raise
+            log.debug("command failed", exc_info=True)
+            raise click.ClickException(str(err)) from err
 
 
 @click.group(cls=_Main)

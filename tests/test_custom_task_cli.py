@@ -114,3 +114,15 @@ def test_a_task_whose_load_or_config_has_the_wrong_type_is_refused_before_any_mo
     assert "my_task.py" in result.output and "no-model" not in result.output, result.output
     for word in words:
         assert word in result.output, result.output
+
+
+def test_a_task_method_returning_the_wrong_type_mid_run_is_one_line_naming_its_file(tmp_path: Path, tiny_model_dirs):
+    # was a traceback through solve.py and expansion.py whose last line named the task, not the file
+    target, _ = tiny_model_dirs
+    task_file = tmp_path / "my_task.py"
+    task_file.write_text(f"import sys\nsys.path.insert(0, {str(GAME24.parent)!r})\nfrom game24 import Game24\n\n"
+                         f"class Task(Game24):\n    def score(self, example, prediction):\n        return True\n")
+    result = CliRunner().invoke(main, ["solve", f"{task_file}:Task", "--config", str(_config(tmp_path)),
+                                       "--target", target, "--limit", "1", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert f"Error: {task_file}:6: task 'game24': score returned True; it must return a dict" in result.output

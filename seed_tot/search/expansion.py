@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 DUPLICATE_VALUE = 0.0
 
 
+class TaskMethodError(TypeError):
+    """A task's method returned what the search cannot use; the message names where it is written.
+    The command line prints it as one line (the traceback would end in seed_tot, not the task)."""
+
+
 @dataclass
 class SearchResult:
     prediction: str
@@ -49,7 +54,7 @@ def generate_thoughts(caller: LLMCaller, task: Task, example: Example, frontier:
     new_states = [task.extend(parent, thought) for parent, thought in zip(parents, thoughts)]
     wrong = [s for s in new_states if not isinstance(s, State)]
     if wrong:  # a tuple or str would fail later, far from the task, in its own methods
-        raise TypeError(f"task {task.name!r}: extend returned {type(wrong[0]).__name__} {wrong[0]!r}, not a State; "
+        raise TaskMethodError(f"{_at(task, 'extend')}task {task.name!r}: extend returned {type(wrong[0]).__name__} {wrong[0]!r}, not a State; "
                         f"return State(state.thoughts + (thought,))")
     return thoughts, new_states
 
@@ -87,7 +92,8 @@ def task_value(task: Task, method: str, value: Any) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"task {task.name!r}: {method} returned {value!r}; a value must be a number") from None
+        raise TaskMethodError(f"{_at(task, method)}task {task.name!r}: {method} returned {value!r}; "
+                              f"a value must be a number") from None
     if math.isnan(number):
         raise ValueError(f"task {task.name!r}: {method} returned NaN, which ranks against no other value; return a "
                          f"number (for what it cannot read, a deliberate one, e.g. the lowest of its scale)")
@@ -99,7 +105,7 @@ def write_answer(caller: LLMCaller, task: Task, example: Example, state: State) 
     answer = caller.complete([task.answer_prompt(example, state)], phase="answer")[0]
     prediction = task.prediction(example, state, answer)
     if not isinstance(prediction, str):  # what results.jsonl saves and `seed-tot score` rescores as text
-        raise TypeError(f"task {task.name!r}: prediction returned {prediction!r}; it must return a string")
+        raise TaskMethodError(f"{_at(task, 'prediction')}task {task.name!r}: prediction returned {prediction!r}; it must return a string")
     return answer, prediction
 
 
@@ -107,7 +113,7 @@ def task_score(task: Task, example: Example, prediction: str) -> dict[str, Any]:
     """task.score's dict, or an error naming the task (anything else failed as "has no attribute 'items'")."""
     score = task.score(example, prediction)
     if not isinstance(score, dict):
-        raise TypeError(f"task {task.name!r}: score returned {score!r}; it must return a dict such as "
+        raise TaskMethodError(f"{_at(task, 'score')}task {task.name!r}: score returned {score!r}; it must return a dict such as "
                         f"{{\"correct\": bool}} or {{\"score\": float}}")
     return score
 
@@ -124,6 +130,11 @@ def defined_at(task: Any, method: str) -> str:
         return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
     except (AttributeError, TypeError, OSError):
         return ""
+
+
+def _at(task: Any, method: str) -> str:
+    where = defined_at(task, method)
+    return f"{where}: " if where else ""
 
 
 def check_examples(task: Task, examples: Any) -> list[Example]:
