@@ -157,10 +157,16 @@ def read_jsonl(file: str | Path, required: tuple[str, ...] = ()) -> list[tuple[i
                                 f"{err.start + 1}); expected one JSON object per line, saved as UTF-8") from None
             if not line.strip():
                 continue
+            array = (f"{file}:{lineno}: found a JSON array; expected JSONL, one JSON object per line "
+                     f"(convert it with: jq -c '.[]' {file} > {Path(file).with_suffix('.jsonl')})")
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
+                if not out and line.strip() == "[":  # a pretty-printed .json array
+                    raise DataError(array) from None
                 raise DataError(f"{file}:{lineno}: expected one JSON object per line ({err.msg})") from None
+            if not out and isinstance(record, list):
+                raise DataError(array)
             if not isinstance(record, dict):
                 raise DataError(f"{file}:{lineno}: expected a JSON object, got {type(record).__name__}")
             missing = [k for k in required if k not in record]

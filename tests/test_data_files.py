@@ -157,3 +157,12 @@ def test_a_data_file_saved_with_a_utf8_bom_loads_as_without_one(tmp_path: Path):
     assert example == task.load(str(FIXTURES / "creative_writing_small.txt"))[0]
     passage = "\n\n".join(f"Some words first. {s}" for s in task.endings(example))
     assert task.score(example, passage)["ends_match"]
+
+
+@pytest.mark.parametrize("indent", [None, 2], ids=["one-line", "pretty"])
+def test_a_json_array_file_is_refused_saying_it_is_an_array_not_jsonl(tmp_path: Path, indent):
+    # the pretty-printed array said "line 1: expected one JSON object per line (Expecting value)" of its "["
+    data = tmp_path / "gsm.json"
+    data.write_text(json.dumps([json.loads(line) for line in GSM8K_LINES], indent=indent))
+    with pytest.raises(DataError, match=rf"{data}:1: found a JSON array; expected JSONL, one JSON object per line"):
+        get_task("gsm8k").load(str(data))
