@@ -386,7 +386,7 @@ def _draft_isolated(runtime, batch: list[tuple[Sequence, _Call]], vocab_size: in
     """One batched draft round of the rows; if it fails, each call's rows are drafted again on their
     own (their draft caches back to where the round began), so one call's fault (its policy, its row)
     cannot end the other calls that shared the round. Per row: (tree, node_entry) or the exception."""
-    marks = [len(seq.draft.parents) for seq, _ in batch]
+    marks = [len(seq.draft.parents) if seq.draft is not None else 0 for seq, _ in batch]  # no draft model: lookup
     try:
         # picks left on the device are read by the verification's one transfer (verify.py)
         return draft_rows(runtime, [(seq, call.policy) for seq, call in batch], vocab_size, defer_tokens=True)
@@ -400,7 +400,7 @@ def _draft_isolated(runtime, batch: list[tuple[Sequence, _Call]], vocab_size: in
                     len(by_call), err)
         for (seq, _), mark in zip(batch, marks):  # what the round fed before it failed is not the rows'
             kv = seq.draft
-            if len(kv.parents) > mark:
+            if kv is not None and len(kv.parents) > mark:
                 kv.keep_entries(list(range(mark)))
                 kv.parents = kv.parents[:mark]
         outcomes: list = [None] * len(batch)
