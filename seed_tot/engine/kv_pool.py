@@ -305,6 +305,10 @@ def _shared_history(read: torch.Tensor, history: int) -> tuple[int, "slice | tor
     and where they are (a slice of the storage when consecutive, else their slot ids)."""
     if history < MIN_SHARED_READ:
         return 0, None
+    # rows share slots only as forks share their parent's first ones, so what they share is a prefix:
+    # rows that differ at the threshold's column share too little (one host read of a column, per forward)
+    if len(set(read[:, MIN_SHARED_READ - 1].tolist())) > 1:
+        return 0, None
     head = read[:, :history]
     differs = (head != head[:1]).any(0)
     shared = int(differs.int().argmax()) if bool(differs.any()) else history

@@ -187,25 +187,24 @@ def _shared_history_attention(batch: RowBatchCache, layer: int, q: torch.Tensor,
     shared_keys, shared_values = batch.pool.read_shared(layer, batch.shared_slots)  # [S, kv_heads, D]
     keys, values = batch.pool.read(layer, batch.read_index[:, shared:])  # [B, K - S, kv_heads, D]
     n_kv = keys.shape[2]
-    group = n_heads // n_kv
-    q = q.reshape(rows, n_kv, group * width, head_dim)
-    # the shared keys against every row's queries of a KV head at once: [kv, B * G * Q, S]
-    common = torch.matmul(q.transpose(0, 1).reshape(n_kv, rows * group * width, head_dim),
-                          shared_keys.permute(1, 2, 0)) * scaling
-    own = torch.matmul(q, keys.permute(0, 2, 3, 1)) * scaling  # [B, kv, G * Q, K - S]
+    gq = n_heads // n_kv * width  # a KV head's query heads and query tokens: one matrix [G * Q, D]
+    q = q.reshape(rows, n_kv, gq, head_dim)
+    # the shared keys against every row's queries of a KV head at once: [kv, B, G * Q, S], left in this
+    # layout (the per-query statistics move between layouts, never this tensor)
+    common = torch.matmul(q.transpose(0, 1).reshape(n_kv, rows * gq, head_dim), shared_keys.permute(1, 2, 0))
+    common = common.mul_(scaling).view(n_kv, rows, gq, shared)
+    own = torch.matmul(q, keys.permute(0, 2, 3, 1)).mul_(scaling)  # [B, kv, G * Q, K - S]
     if softcap is not None:
         common, own = torch.tanh(common / softcap) * softcap, torch.tanh(own / softcap) * softcap
-    common = common.view(n_kv, rows, group, width, shared).transpose(0, 1)  # [B, kv, G, Q, S]
-    own = own.view(rows, n_kv, group, width, -1)
     if mask is not None:  # the shared keys are history every query sees: only the rest is masked
-        own = own + mask[:, :, None, :, shared:]
-    top = torch.maximum(common.amax(-1, keepdim=True), own.amax(-1, keepdim=True)).float()
-    common, own = torch.exp(common.float() - top), torch.exp(own.float() - top)
-    total = common.sum(-1, keepdim=True) + own.sum(-1, keepdim=True)
-    common, own = (common / total).to(q.dtype), (own / total).to(q.dtype)
-    out = torch.matmul(common.transpose(0, 1).reshape(n_kv, rows * group * width, shared), shared_values.transpose(0, 1))
-    out = out.view(n_kv, rows, group * width, head_dim).transpose(0, 1)
-    out = out + torch.matmul(own.reshape(rows, n_kv, group * width, -1), values.transpose(1, 2))
+        own = (own.view(rows, n_kv, -1, width, own.shape[-1]) + mask[:, :, None, :, shared:]).view(own.shape)
+    common, own = common.float(), own.float()  # the softmax in float32, as the eager implementation's
+    top = torch.maximum(common.amax(-1).transpose(0, 1), own.amax(-1)).unsqueeze(-1)  # [B, kv, G * Q, 1]
+    common, own = common.sub_(top.transpose(0, 1)).exp_(), own.sub_(top).exp_()
+    total = common.sum(-1, keepdim=True).transpose(0, 1) + own.sum(-1, keepdim=True)
+    common, own = common.div_(total.transpose(0, 1)).to(q.dtype), own.div_(total).to(q.dtype)
+    out = torch.matmul(common.view(n_kv, rows * gq, shared), shared_values.transpose(0, 1))
+    out = out.view(n_kv, rows, gq, head_dim).transpose(0, 1) + torch.matmul(own, values.transpose(1, 2))
     return out.reshape(rows, n_heads, width, head_dim)
 
 
