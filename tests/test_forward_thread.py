@@ -100,3 +100,28 @@ def test_deferred_work_queues_behind_earlier_work_even_from_the_thread_itself():
     assert done.wait(5)
     thread.call(lambda: None)  # drain
     assert order == ["step 0", "step 1", "other 0", "step 2", "other 1"]
+
+
+def test_a_policy_that_calibrates_is_built_once_on_the_forward_thread(monkeypatch, tmp_path):
+    """`auto` calibrates forward costs when first built: its forwards ran on the caller's thread (beside
+    the step loop's, and leaving that thread an OpenMP team), and two callers' first calls built it twice."""
+    from seed_tot.engine import policies
+
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))  # an empty cache: the first build calibrates
+    target = tiny_model("llama", seed=4)
+    draft = noisy_copy(target, 0.01)
+    log = ThreadLog(target, draft)
+    engine = Engine(target, draft)
+    built = []
+    real = policies.make_policy
+
+    def counted(*args, **kwargs):
+        built.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policies, "make_policy", counted)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    with ThreadPoolExecutor(2) as callers:
+        list(callers.map(lambda _: engine.generate([[3, 17, 4]], params, mode="sd", draft_policy="auto"), range(2)))
+    assert len(built) == 1 and (tmp_path / "calibration.json").is_file()
+    assert log.threads == {engine.forward_thread._ident} and built[0] == engine.forward_thread._ident

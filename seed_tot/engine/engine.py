@@ -62,6 +62,7 @@ class Engine:
         self._scheduler = None  # the step loop of every call (seed.py), built at the first
         self._scheduler_lock = threading.Lock()
         self._policies: dict = {}  # named policies built for this engine, by name, shape and options
+        self._policy_lock = threading.Lock()
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
         self.forward_thread = (forward_thread or ForwardThread()) if torch.device(device).type == "cpu" else None
@@ -402,7 +403,7 @@ class Engine:
                policy_options: dict | None = None):
         """The DraftPolicy of a call: an object as given, a name built once per engine and options
         (it keeps its calibration, head and records across calls), None for ar and parallel."""
-        from .policies import DraftPolicy, make_policy, may_draft_trees
+        from .policies import DraftPolicy
         if isinstance(draft_policy, DraftPolicy):  # DecodeSpec refuses policy_options beside one
             self._check_feature_policy(draft_policy.name)
             if mode in DRAFTING_MODES:
@@ -418,12 +419,24 @@ class Engine:
             raise _needs_draft(mode)
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
-        cache = self._policies
-        if key not in cache:  # checked before it is built: building may calibrate, which runs forwards
-            # every named policy that may draft trees feeds them to the draft model too
-            self._check_tree_policy(name, may_draft_trees(name, policy_options, self, shape), True)
-            cache[key] = make_policy(name, policy_options, self, shape, params)
-        return cache[key]
+        policy = self._policies.get(key)
+        if policy is None:
+            # built on the forward thread, as every forward of this engine (forward_thread.py): building may
+            # calibrate, and a calibration on the caller's thread would time its forwards beside the step
+            # loop's and leave that thread an OpenMP team, which slows the forward thread for good
+            policy = self.on_forward_thread(self._build_policy, key, name, policy_options, shape, params)
+        return policy
+
+    def _build_policy(self, key: tuple, name: str, policy_options: dict | None, shape: tuple[int, ...],
+                      params: SamplingParams):
+        """The named policy of `key`, built once (the first of two threads' calls builds it, the other reads it)."""
+        from .policies import make_policy, may_draft_trees
+        with self._policy_lock:  # held on one thread only (the forward thread where there is one): never across a wait
+            if key not in self._policies:  # checked before it is built: building may calibrate, which runs forwards
+                # every named policy that may draft trees feeds them to the draft model too
+                self._check_tree_policy(name, may_draft_trees(name, policy_options, self, shape), True)
+                self._policies[key] = make_policy(name, policy_options, self, shape, params)
+            return self._policies[key]
 
     def _check_tree_policy(self, name: str, drafts_trees: bool, uses_draft_model: bool) -> None:
         """Refuse, before any forward, a policy whose rounds may draft trees on a model that cannot
