@@ -85,7 +85,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give a PROMPT or --prompt-file, not both")
     check_mode_options(click.get_current_context(), [mode], _GENERATE_MODE_OPTIONS)
-    text = Path(prompt_file).read_text(encoding="utf-8") if prompt_file else (prompt or DEFAULT_PROMPT)
+    # -sig: a byte-order mark (as Windows editors save UTF-8) is not part of the prompt
+    text = Path(prompt_file).read_text(encoding="utf-8-sig") if prompt_file else (prompt or DEFAULT_PROMPT)
     try:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 stop=stop, seed=seed)

@@ -187,3 +187,13 @@ def test_generates_summary_names_the_draft_policy_that_ran(tiny_model_dirs):
     assert "--- mode=sd policy=lookup " in out
     assert "policy=" not in run("generate", "Tom has 3 apples.", "--target", target, "--mode", "ar",
                                 "--max-new-tokens", "4")
+
+
+def test_a_prompt_file_saved_with_a_byte_order_mark_reads_as_its_text(tmp_path, tiny_model_dirs):
+    target, _ = tiny_model_dirs
+    marked = tmp_path / "prompt.txt"
+    marked.write_bytes("\ufeffTom has 3 apples.".encode("utf-8"))  # as Windows editors save UTF-8
+    args = ["--target", target, "--mode", "ar", "--max-new-tokens", "6", "--temperature", "0"]
+    from_file = run("generate", "--prompt-file", str(marked), *args)
+    given = run("generate", "Tom has 3 apples.", *args)
+    assert from_file.splitlines()[:2] == given.splitlines()[:2]  # header and completion (the mark was a prompt token)

@@ -126,3 +126,19 @@ def test_a_task_method_returning_the_wrong_type_mid_run_is_one_line_naming_its_f
                                        "--target", target, "--limit", "1", "--output", str(tmp_path / "o")])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert f"Error: {task_file}:6: task 'game24': score returned True; it must return a dict" in result.output
+
+
+def test_is_final_must_answer_true_or_false():
+    # a string "no" was taken as True and ended the search
+    from seed_tot.search.expansion import TaskMethodError, task_is_final
+    from seed_tot.search.protocol import Example, State
+    from short_task import ShortTask
+
+    class Says(ShortTask):
+        def is_final(self, example, state):
+            return "no"
+
+    task = Says()
+    with pytest.raises(TaskMethodError, match=r"test_custom_task_cli.py:\d+: task .*is_final returned 'no'; it must return True or False"):
+        task_is_final(task, Example("0", {}), State())
+    assert task_is_final(ShortTask(), Example("0", {}), State()) is False

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from .expansion import SearchResult, evaluate_states, generate_thoughts, rank_by_value, state_to_json, write_answer
+from .expansion import (SearchResult, evaluate_states, generate_thoughts, rank_by_value, state_to_json,
+                        task_is_final, write_answer)
 from .llm import LLMCaller
 from .protocol import Example, SearchConfig, State, Task
 
@@ -28,7 +29,7 @@ def bfs(caller: LLMCaller, task: Task, example: Example, config: SearchConfig) -
     steps: list[dict] = []
     expanded = 0
     for step in range(config.depth):
-        final = [task.is_final(example, state) for state in frontier]
+        final = [task_is_final(task, example, state) for state in frontier]
         open_idx = [i for i, is_final in enumerate(final) if not is_final]
         if not open_idx:
             break
@@ -59,7 +60,7 @@ def bfs(caller: LLMCaller, task: Task, example: Example, config: SearchConfig) -
                   [candidate_values[i] for i in kept])
         frontier = [candidates[i] for i in kept]
         frontier_values = [candidate_values[i] for i in kept]
-        if all(task.is_final(example, state) for state in frontier):
+        if all(task_is_final(task, example, state) for state in frontier):
             break
 
     best, best_value = frontier[0], frontier_values[0]  # kept states are sorted best first

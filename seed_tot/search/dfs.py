@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from .expansion import SearchResult, evaluate_states, generate_thoughts, rank_by_value, state_to_json, write_answer
+from .expansion import (SearchResult, evaluate_states, generate_thoughts, rank_by_value, state_to_json,
+                        task_is_final, write_answer)
 from .llm import LLMCaller
 from .protocol import Example, SearchConfig, State, Task
 
@@ -29,7 +30,7 @@ class DepthFirstSearch:
 
     def visit(self, state: State) -> State | None:
         """The first final state found below `state`, or None (pruned, exhausted or out of budget)."""
-        if self.task.is_final(self.example, state):
+        if task_is_final(self.task, self.example, state):
             return state
         if state.depth >= self.config.depth or self.expanded >= self.max_expansions:
             return None

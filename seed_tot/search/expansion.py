@@ -118,6 +118,15 @@ def task_score(task: Task, example: Example, prediction: str) -> dict[str, Any]:
     return score
 
 
+def task_is_final(task: Task, example: Example, state: State) -> bool:
+    """task.is_final's answer, refused unless a bool: a string "no" would end the search as True."""
+    final = task.is_final(example, state)
+    if not isinstance(final, bool):
+        raise TaskMethodError(f"{_at(task, 'is_final')}task {task.name!r}: is_final returned {final!r}; "
+                              f"it must return True or False")
+    return final
+
+
 def rank_by_value(values: Sequence[float]) -> list[int]:
     """Indices from best to worst; `sorted` is stable, so equal values keep their order."""
     return sorted(range(len(values)), key=lambda i: -values[i])
