@@ -81,25 +81,32 @@ class _ObserveFails(FixedPolicy):
             raise RuntimeError("policy bookkeeping fault")
 
 
-@pytest.mark.parametrize("other_mode", ["seed", "parallel"])
-def test_a_policy_raising_after_a_verification_fails_its_own_call_only(models, other_mode):
-    """Before: the exception escaped the verify phase and the loop failed every call it served."""
-    target, draft = models
-    engine = Engine(target, draft)
+def _faulty_beside_healthy(engine, target, faulty_prompts, faulty_kwargs: dict, healthy_kwargs: dict, fault: str):
+    """A faulty call and a healthy one run at once: the healthy one finishes with the target's greedy
+    tokens, the faulty one raises its own fault (a SeedError caused by `fault`), and nothing stays held."""
     params = SamplingParams(max_new_tokens=40, temperature=0)
 
     async def both():
-        faulty = engine.agenerate([[1, 2, 3]], params, mode="seed", draft_policy=_ObserveFails((1, 1)))
-        healthy = engine.agenerate(PROMPTS, params, mode=other_mode)
+        faulty = engine.agenerate(faulty_prompts, params, mode="seed", **faulty_kwargs)
+        healthy = engine.agenerate(PROMPTS, params, **healthy_kwargs)
         return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
 
     faulty, healthy = asyncio.run(both())
     assert not isinstance(healthy, BaseException), healthy
     assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
-    assert isinstance(faulty, SeedError) and "policy bookkeeping fault" in repr(faulty.__cause__)
+    assert isinstance(faulty, SeedError) and fault in repr(faulty.__cause__)
     assert engine.scheduler.active_calls == 0
     del faulty  # its traceback's frames hold the rows verified beside the failing one
     assert set(_held(engine).values()) == {0}
+
+
+@pytest.mark.parametrize("other_mode", ["seed", "parallel"])
+def test_a_policy_raising_after_a_verification_fails_its_own_call_only(models, other_mode):
+    """Before: the exception escaped the verify phase and the loop failed every call it served."""
+    target, draft = models
+    engine = Engine(target, draft)
+    _faulty_beside_healthy(engine, target, [[1, 2, 3]], {"draft_policy": _ObserveFails((1, 1))},
+                           {"mode": other_mode}, "policy bookkeeping fault")
 
 
 def _fail_once_inside(model, layer: int = 1):
@@ -180,21 +187,9 @@ def test_a_policy_raising_in_a_shared_draft_round_fails_its_own_call_only(models
     # the retry's warning carries the error, whose traceback holds the round's rows: pytest keeps log records
     monkeypatch.setattr(seed_module.log, "warning", lambda *args, **kwargs: None)
     engine = Engine(target, draft)
-    params = SamplingParams(max_new_tokens=40, temperature=0)
-
-    async def both():
-        faulty = engine.agenerate([[1, 2, 3], [3, 2, 1]], params, mode="seed", draft_policy=_BeginFails((1, 1)),
-                                  draft_batch="all")
-        healthy = engine.agenerate(PROMPTS, params, mode="seed", k_config=(2, 1), draft_batch="all")
-        return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
-
-    faulty, healthy = asyncio.run(both())
-    assert not isinstance(healthy, BaseException), healthy
-    assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
-    assert isinstance(faulty, SeedError) and "policy planning fault" in repr(faulty.__cause__)
-    assert engine.scheduler.active_calls == 0
-    del faulty
-    assert set(_held(engine).values()) == {0}
+    _faulty_beside_healthy(engine, target, [[1, 2, 3], [3, 2, 1]],
+                           {"draft_policy": _BeginFails((1, 1)), "draft_batch": "all"},
+                           {"mode": "seed", "k_config": (2, 1), "draft_batch": "all"}, "policy planning fault")
 
 
 class _StepFails(FixedPolicy):
@@ -225,16 +220,5 @@ def test_a_shared_draft_round_failing_after_a_forward_is_drafted_again_from_each
     target, draft = models
     monkeypatch.setattr(seed_module.log, "warning", lambda *args, **kwargs: None)
     engine = Engine(target, draft)
-    params = SamplingParams(max_new_tokens=40, temperature=0)
-
-    async def both():
-        faulty = engine.agenerate([[1, 2, 3]], params, mode="seed", draft_policy=_StepFails((1, 1, 1)))
-        healthy = engine.agenerate(PROMPTS, params, mode="seed", k_config=(2, 1))
-        return await asyncio.wait_for(asyncio.gather(faulty, healthy, return_exceptions=True), timeout=120)
-
-    faulty, healthy = asyncio.run(both())
-    assert not isinstance(healthy, BaseException), healthy
-    assert [r.token_ids for r in healthy] == [reference_greedy(target, p, 40) for p in PROMPTS]
-    assert isinstance(faulty, SeedError) and "policy step fault" in repr(faulty.__cause__)
-    del faulty
-    assert set(_held(engine).values()) == {0}
+    _faulty_beside_healthy(engine, target, [[1, 2, 3]], {"draft_policy": _StepFails((1, 1, 1))},
+                           {"mode": "seed", "k_config": (2, 1)}, "policy step fault")

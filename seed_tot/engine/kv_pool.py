@@ -207,7 +207,8 @@ class KVPool:
                     cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
                     self.table[rows, cols] = slots
                 read = self.table[[line.index for line in lines], :width]
-                shared, shared_slots = _shared_history(read, min(line.length for line in lines))
+                if on_device:  # a fixed-shape forward (on_device=False) copies only the read table into its buffers
+                    shared, shared_slots = _shared_history(read, min(line.length for line in lines))
                 if min(lengths) < width:  # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
                     read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
             before = [line.length for line in lines]

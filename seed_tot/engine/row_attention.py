@@ -98,9 +98,9 @@ class RowBatchCache(Cache):
                windows: list[int | None], history: int) -> "RowBatchCache":
         """The cache of a forward of exactly these rows (padding queries, if any, reach no storage)."""
         rows, width = len(n_new), max(n_new)
-        layout = dict(rows=rows, width=width, n_query=n_query, n_write=sum(n_new))
+        layout = dict(rows=rows, width=width, n_query=n_query, n_write=sum(n_new), shared=plan.shared,
+                      shared_slots=plan.shared_slots)
         # a decode step (one entry per row) is already in [rows, 1] order: no unpacking to index
-        layout.update(shared=plan.shared, shared_slots=plan.shared_slots)
         if all(n == 1 for n in n_new):
             return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=True,
                        **layout)
