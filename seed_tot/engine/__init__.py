@@ -5,18 +5,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .decode_spec import DecodeSpec
-from .params import GenerationResult, GenerationStats, SamplingParams
+from .params import GenerationResult, GenerationStats, SamplingParams, summarize
 
 __all__ = ["DecodeSpec", "DraftTree", "Engine", "GenerationResult", "GenerationStats", "SamplingParams", "accept_tokens", "summarize"]
 
 if TYPE_CHECKING:
     from .draft_tree import DraftTree
-    from .engine import Engine, summarize
+    from .engine import Engine
     from .verify import accept_tokens
 
 # the names whose modules import torch: loaded on first use, so that the command line's parsing
 # and --help (which import this package for its plain types) stay fast
-_LAZY = {"DraftTree": ".draft_tree", "Engine": ".engine", "summarize": ".engine", "accept_tokens": ".verify"}
+_LAZY = {"DraftTree": ".draft_tree", "Engine": ".engine", "accept_tokens": ".verify"}
 
 
 def __getattr__(name: str) -> Any:

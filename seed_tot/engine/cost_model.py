@@ -126,7 +126,9 @@ def _model_signature(model) -> dict:
     settings = {k: v for k, v in settings.items() if k not in _NAME_KEYS}
     params = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
     first = next(model.parameters(), None)
-    return {"class": type(model).__name__, "config": settings, "params": params,
+    # the classes of its linear layers: the kernel they run (cpu_linear.py) sets a CPU forward's cost
+    linears = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    return {"class": type(model).__name__, "config": settings, "params": params, "linears": linears,
             "device": str(first.device) if first is not None else "cpu"}
 
 

@@ -15,7 +15,8 @@ from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same
                      load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
 from .call_inputs import encode_prompts, sampling_params, torch_dtype
-from .params import GenerationResult, GenerationStats, SamplingParams
+from .cpu_linear import ONEDNN, check_cpu_linear, use_onednn_linears
+from .params import GenerationResult, SamplingParams
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts, tokens_to_score
@@ -70,7 +71,7 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
-                        load_draft: bool = True) -> "Engine":
+                        load_draft: bool = True, cpu_linear: str = ONEDNN) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
         embedded SmolLM2-135M-Instruct. No draft: the drafter shipped in the package for this target
         (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
@@ -78,13 +79,19 @@ class Engine:
         prompt lookup (the `lookup` policy, policies/prompt_lookup.py). A draft directory from `seed-tot train-drafter` is
         a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
+        cpu_linear: on a CPU, "onednn" runs the models' linear layers through oneDNN (cpu_linear.py
+        says why), "stock" through torch's own `F.linear`.
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
         dtype = torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
         dev = resolve_device(device)
+        linear = check_cpu_linear(cpu_linear)  # before anything loads, as the dtype
         if dev.type != "cpu":
             return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
         thread = ForwardThread()
-        return thread.call(cls._load, target, draft, dev, dtype, draft_layers, load_draft, thread)
+        engine = thread.call(cls._load, target, draft, dev, dtype, draft_layers, load_draft, thread)
+        if linear == ONEDNN:  # before any forward: every mode and the calibration run the same kernels
+            use_onednn_linears(engine.target, engine.draft)
+        return engine
 
     @classmethod
     def _load(cls, target, draft, dev, dtype, draft_layers, load_draft, forward_thread) -> "Engine":
@@ -486,13 +493,3 @@ def _with_draft(mode: str, policy) -> bool:
 def _needs_draft(mode: str) -> ValueError:
     return ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
                       f"lookup without one)")
-
-
-def summarize(results: list[GenerationResult]) -> GenerationStats:
-    """Sum the per-sequence counters of one call (wall time is the call's)."""
-    total = GenerationStats()
-    for r in results:
-        total.add(r.stats)
-    total.wall_s = max((r.stats.wall_s for r in results), default=0.0)
-    total.events = next((r.stats.events for r in results if r.stats.events), [])
-    return total

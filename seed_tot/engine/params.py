@@ -155,3 +155,13 @@ class GenerationResult:
     text: str | None
     stats: GenerationStats
     finish_reason: str  # "length" | "eos" | "stop"
+
+
+def summarize(results: list[GenerationResult]) -> GenerationStats:
+    """Sum the per-sequence counters of one call (wall time is the call's)."""
+    total = GenerationStats()
+    for r in results:
+        total.add(r.stats)
+    total.wall_s = max((r.stats.wall_s for r in results), default=0.0)
+    total.events = next((r.stats.events for r in results if r.stats.events), [])
+    return total

@@ -81,6 +81,7 @@ class EngineSpec:
     device: str = "auto"
     dtype: str | None = None
     load_draft: bool = True
+    cpu_linear: str = "onednn"
     factory: Callable[[], GenerationEngine] | None = None
 
     def build(self) -> GenerationEngine:
@@ -88,7 +89,8 @@ class EngineSpec:
             return self.factory()
         from seed_tot.engine import Engine
         return Engine.from_pretrained(target=self.target, draft=self.draft, device=self.device, dtype=self.dtype,
-                                      draft_layers=self.draft_layers, load_draft=self.load_draft)
+                                      draft_layers=self.draft_layers, load_draft=self.load_draft,
+                                      cpu_linear=self.cpu_linear)
 
 
 class EngineWorker:
