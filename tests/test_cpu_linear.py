@@ -128,5 +128,16 @@ def test_from_pretrained_runs_linears_through_onednn_on_a_cpu_unless_told_stock(
     stock = Engine.from_pretrained(target=target_dir, draft=draft_dir, device="cpu", load_draft=False,
                                    cpu_linear="stock")
     assert not any(isinstance(m, OneDnnLinear) for m in stock.target.modules())
-    with pytest.raises(ValueError, match="onednn, stock"):
+    with pytest.raises(ValueError, match="cpu_linear must be one of onednn, stock, not 'mkl'"):
         Engine.from_pretrained(target=target_dir, device="cpu", cpu_linear="mkl")
+
+
+def test_the_environment_sets_the_kernel_where_the_call_names_none(tiny_model_dirs, monkeypatch):
+    monkeypatch.setenv("SEED_TOT_CPU_LINEAR", "stock")
+    engine = Engine.from_pretrained(target=tiny_model_dirs[0], device="cpu", load_draft=False)
+    assert not any(isinstance(m, OneDnnLinear) for m in engine.target.modules())
+    engine = Engine.from_pretrained(target=tiny_model_dirs[0], device="cpu", load_draft=False, cpu_linear="onednn")
+    assert any(isinstance(m, OneDnnLinear) for m in engine.target.modules())
+    monkeypatch.setenv("SEED_TOT_CPU_LINEAR", "mkl")
+    with pytest.raises(ValueError, match=r"\$SEED_TOT_CPU_LINEAR must be one of onednn, stock"):
+        Engine.from_pretrained(target=tiny_model_dirs[0], device="cpu", load_draft=False)

@@ -21,6 +21,7 @@ greedy output equals that target's own `generate` as before.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 ONEDNN = "onednn"
 STOCK = "stock"
 CPU_LINEARS = (ONEDNN, STOCK)  # Engine.from_pretrained(cpu_linear=...)
+ENV = "SEED_TOT_CPU_LINEAR"  # the default where cpu_linear is not given
 
 
 def onednn_available() -> bool:
@@ -67,7 +69,12 @@ def use_onednn_linears(*models: nn.Module | None) -> int:
     return swapped
 
 
-def check_cpu_linear(value: str) -> str:
+def resolve_cpu_linear(value: str | None) -> str:
+    """The kernel asked for: `value`, else $SEED_TOT_CPU_LINEAR (so that every command and a Ray
+    actor started from this shell can run either without a flag of its own), else oneDNN."""
+    source = "cpu_linear"
+    if value is None:
+        value, source = os.environ.get(ENV, ONEDNN), f"${ENV}"
     if value not in CPU_LINEARS:
-        raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEARS)}, not {value!r}")
+        raise ValueError(f"{source} must be one of {', '.join(CPU_LINEARS)}, not {value!r}")
     return value

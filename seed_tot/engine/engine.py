@@ -15,7 +15,7 @@ from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same
                      load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
 from .call_inputs import encode_prompts, sampling_params, torch_dtype
-from .cpu_linear import ONEDNN, check_cpu_linear, use_onednn_linears
+from .cpu_linear import ONEDNN, resolve_cpu_linear, use_onednn_linears
 from .params import GenerationResult, SamplingParams
 from .sequence import Sequence, StopRule
 from .forward_thread import ForwardThread
@@ -71,7 +71,7 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
-                        load_draft: bool = True, cpu_linear: str = ONEDNN) -> "Engine":
+                        load_draft: bool = True, cpu_linear: str | None = None) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
         embedded SmolLM2-135M-Instruct. No draft: the drafter shipped in the package for this target
         (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
@@ -80,11 +80,11 @@ class Engine:
         a drafter trained for this target (else an error).
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
         cpu_linear: on a CPU, "onednn" runs the models' linear layers through oneDNN (cpu_linear.py
-        says why), "stock" through torch's own `F.linear`.
+        says why), "stock" through torch's own `F.linear`; None: $SEED_TOT_CPU_LINEAR, else onednn.
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
         dtype = torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
         dev = resolve_device(device)
-        linear = check_cpu_linear(cpu_linear)  # before anything loads, as the dtype
+        linear = resolve_cpu_linear(cpu_linear)  # before anything loads, as the dtype
         if dev.type != "cpu":
             return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
         thread = ForwardThread()

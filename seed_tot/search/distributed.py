@@ -81,7 +81,7 @@ class EngineSpec:
     device: str = "auto"
     dtype: str | None = None
     load_draft: bool = True
-    cpu_linear: str = "onednn"
+    cpu_linear: str | None = None  # None: $SEED_TOT_CPU_LINEAR of the actor, else onednn
     factory: Callable[[], GenerationEngine] | None = None
 
     def build(self) -> GenerationEngine:
