@@ -197,6 +197,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     package.module:ClassName; or a name an installed package registers under the `seed_tot.tasks`
     entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
+    from seed_tot.search.results_file import check_output_free
     from seed_tot.search.solve import summarize_finished_run
 
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker,
@@ -212,6 +213,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     results = Path(output) / "results.jsonl"
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
+    check_output_free(Path(output))  # another run writing there fails now, not after the models load
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
                                draft_batch=draft_batch, seed=seed,

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS
 
 from .config import RunSettings
+from .expansion import check_examples
 from .llm import GenerationEngine, LLMCaller
 from .protocol import Example, Task
 from .solve import ResultsRecorder, model_names, resolve_algorithm, solve_example
@@ -299,6 +300,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
 
     if not pool.alive:
         raise RayRunError("this pool's actors were stopped (Ctrl-C or shutdown); start a new EnginePool")
+    examples = check_examples(task, examples, given_by="solve_dataset_ray was given")
     algorithm = resolve_algorithm(settings, algorithm)
     task_ref = ray.put(task)  # shipped once, not once per problem
     # the actors' model names, as a single-process run records its engine's: a resume with other models is
@@ -452,6 +454,7 @@ def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[
     workers None: as many as the cluster fits. gpus_per_worker None: 1 when the cluster has GPUs.
     concurrency: searches at once per actor (`solve --concurrency` on each actor's engine).
     """
+    examples = check_examples(task, examples, given_by="solve_on_ray was given")  # before any actor starts
     ray = import_ray()
     connect_ray(address)
     resources = ray.cluster_resources()

@@ -146,22 +146,24 @@ def _at(task: Any, method: str) -> str:
     return f"{where}: " if where else ""
 
 
-def check_examples(task: Task, examples: Any) -> list[Example]:
-    """`task.load`'s return value, refused unless it is a list of Example(id=str, data=dict): a dict
-    or an integer id failed later as an AttributeError deep in the search, after the models loaded."""
-    where = defined_at(task, "load")
-    head = (f"{where}: " if where else "") + f"task {task.name!r}: load"
+def check_examples(task: Task, examples: Any, given_by: str | None = None) -> list[Example]:
+    """`examples` refused unless a list of Example(id=str, data=dict): a dict or an integer id failed
+    later as an AttributeError deep in the search, after the models loaded. given_by: who handed
+    them over, as the error's subject (default: the task's `load`, at its file and line)."""
+    if given_by is None:
+        where = defined_at(task, "load")
+        given_by = (f"{where}: " if where else "") + f"task {task.name!r}: load returned"
     expected = "expected a list of Example(id=str, data=dict) from seed_tot.search.protocol"
     if not isinstance(examples, (list, tuple)):
-        raise TypeError(f"{head} returned {examples!r}; {expected}")
+        raise TypeError(f"{given_by} {examples!r}; {expected}")
     for i, ex in enumerate(examples):
         if not isinstance(ex, Example):
             article = "an" if type(ex).__name__[0] in "aeiou" else "a"
-            raise TypeError(f"{head} returned {article} {type(ex).__name__} at position {i} ({str(ex)[:80]}); {expected}")
+            raise TypeError(f"{given_by} {article} {type(ex).__name__} at position {i} ({str(ex)[:80]}); {expected}")
         if not isinstance(ex.id, str):
-            raise TypeError(f"{head} returned an Example with id {ex.id!r} ({type(ex.id).__name__}) at position {i}; "
+            raise TypeError(f"{given_by} an Example with id {ex.id!r} ({type(ex.id).__name__}) at position {i}; "
                             f"an id must be a string (results.jsonl keys records by it), e.g. str({ex.id!r})")
         if not isinstance(ex.data, dict):
-            raise TypeError(f"{head} returned an Example whose data is {type(ex.data).__name__} at position {i}; "
+            raise TypeError(f"{given_by} an Example whose data is {type(ex.data).__name__} at position {i}; "
                             f"{expected}")
     return list(examples)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,6 +19,44 @@ SUMMARY_PHASES = ("thought", "value", "answer", "judge")
 
 class ResultsFileError(ValueError):
     """results.jsonl cannot be used as asked: it exists without --resume, or is corrupt."""
+
+
+LOCK_FILE = ".lock"
+
+
+def lock_output(out: Path):
+    """Hold OUT/.lock for this run (an open file; closing it releases the lock), or raise
+    ResultsFileError naming the process that holds it: two runs appending to one results.jsonl
+    would both solve the problems neither had written yet and duplicate their records. The lock is
+    the operating system's (flock), so a killed run leaves none behind. Not on Windows (no flock)."""
+    if sys.platform == "win32":
+        return None
+    import fcntl
+
+    path = out / LOCK_FILE
+    fh = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise ResultsFileError(f"{out}: another run is writing to this folder ({holder}, see {path}); "
+                               f"wait for it to end or choose another --output") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}")
+    fh.flush()
+    return fh
+
+
+def check_output_free(out: Path) -> None:
+    """Raise as `lock_output` does when another run holds OUT (a check before loading models; the
+    run itself holds the lock from when it opens results.jsonl)."""
+    if out.is_dir():
+        lock = lock_output(out)
+        if lock is not None:
+            lock.close()
 
 
 def prepare_results_file(path: Path, resume: bool) -> dict[str, dict[str, Any]]:

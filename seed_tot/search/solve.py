@@ -25,10 +25,11 @@ from seed_tot.view.node_work import search_with_node_work
 from .bfs import bfs
 from .config import RunSettings, with_search_config
 from .dfs import dfs
-from .expansion import SearchResult, state_to_json, task_score, task_value
+from .expansion import SearchResult, check_examples, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .protocol import Example, Task, check_unique_ids
-from .results_file import ResultsFileError, check_same_problems, json_default, prepare_results_file, summarize_records
+from .results_file import (ResultsFileError, check_same_problems, json_default, lock_output, prepare_results_file,
+                           summarize_records)
 from .run_identity import RUN_FILE, check_resumed_run, recorded_models, run_identity, write_run_identity
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,18 @@ class ResultsRecorder:
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
+        self._lock = lock_output(self.out)  # before reading results.jsonl: a second run fails here
+        try:
+            self._prepare(examples, resume)
+        except BaseException:
+            self.release()
+            raise
+        self._fh = None
+        self._bar = None
+        self._done_postfix: dict[str, str] = {}
+
+    def _prepare(self, examples: Sequence[Example], resume: bool) -> None:
+        task, settings, algorithm, models = self.task, self.settings, self.algorithm, self.models
         self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
         # records made with other settings must not be appended to and summarised as these (run_identity.py)
         identity = run_identity(task.name, settings.to_dict(), algorithm, models)
@@ -148,9 +161,12 @@ class ResultsRecorder:
         if self.done:
             log.info("resuming %s: %d of %d problems already done", self.results_path,
                      len(self.requested_ids) - len(self.todo), len(self.requested_ids))
-        self._fh = None
-        self._bar = None
-        self._done_postfix: dict[str, str] = {}
+
+    def release(self) -> None:
+        """Let another run use the output folder (`__exit__` does; idempotent)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> "ResultsRecorder":
         total = len(self.requested_ids)
@@ -162,6 +178,7 @@ class ResultsRecorder:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._fh.close()
         self._bar.close()
+        self.release()
         if exc_type is KeyboardInterrupt:
             log.warning("interrupted: %d of %d problems are in %s; run again with --resume to finish",
                         len(self.records()), len(self.requested_ids), self.results_path)
@@ -219,7 +236,10 @@ def summarize_finished_run(task: Task, examples: Sequence[Example], settings: Ru
     None when problems remain."""
     recorder = ResultsRecorder(task, examples, settings=settings, algorithm=resolve_algorithm(settings, None),
                                output_dir=output_dir, resume=True, models=recorded_models(output_dir))
-    return None if recorder.todo else recorder.write_summary()
+    try:
+        return None if recorder.todo else recorder.write_summary()
+    finally:
+        recorder.release()
 
 
 def model_names(engine: Any) -> dict[str, str]:
@@ -242,6 +262,7 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be a positive number of problems, got {concurrency}")
+    examples = check_examples(task, examples, given_by="solve_dataset was given")
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
                          resume=resume, models=model_names(engine)) as recorder:
