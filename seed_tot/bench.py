@@ -288,8 +288,10 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
     import torch
     import transformers
 
+    from seed_tot.engine.cpu_linear import linear_kernel
+
     device = engine.target.device
-    cpu = f"CPU {platform.processor() or platform.machine()}"
+    cpu = f"CPU {platform.processor() or platform.machine()} ({linear_kernel(engine.target)} linear)"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
     return {"device": str(device), "device_name": name, "dtype": dtype_name, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),

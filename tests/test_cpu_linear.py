@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.cost_model import cache_key
-from seed_tot.engine.cpu_linear import OneDnnLinear, onednn_available, use_onednn_linears
+from seed_tot.engine.cpu_linear import OneDnnLinear, linear_kernel, onednn_available, use_onednn_linears
 from test_sampling_lossless import SAMPLES, SETTINGS, exact_distribution, sample_through_engine, tv, tv_bound
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
@@ -128,6 +128,7 @@ def test_from_pretrained_runs_linears_through_onednn_on_a_cpu_unless_told_stock(
     stock = Engine.from_pretrained(target=target_dir, draft=draft_dir, device="cpu", load_draft=False,
                                    cpu_linear="stock")
     assert not any(isinstance(m, OneDnnLinear) for m in stock.target.modules())
+    assert (linear_kernel(engine.target), linear_kernel(stock.target)) == ("onednn", "stock")  # what bench records
     with pytest.raises(ValueError, match="cpu_linear must be one of onednn, stock, not 'mkl'"):
         Engine.from_pretrained(target=target_dir, device="cpu", cpu_linear="mkl")
 

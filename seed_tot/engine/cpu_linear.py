@@ -69,6 +69,11 @@ def use_onednn_linears(*models: nn.Module | None) -> int:
     return swapped
 
 
+def linear_kernel(model: nn.Module) -> str:
+    """Which kernel `model`'s linear layers run on a CPU: onednn once any was swapped, else stock."""
+    return ONEDNN if any(isinstance(m, OneDnnLinear) for m in model.modules()) else STOCK
+
+
 def resolve_cpu_linear(value: str | None) -> str:
     """The kernel asked for: `value`, else $SEED_TOT_CPU_LINEAR (so that every command and a Ray
     actor started from this shell can run either without a flag of its own), else oneDNN."""
