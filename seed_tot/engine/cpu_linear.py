@@ -44,7 +44,8 @@ class OneDnnLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+        # every linear of every forward passes here: attribute reads only (x.device builds an object)
+        if (not x.is_cpu or x.dtype != torch.float32 or weight.dtype != torch.float32
                 or x.dim() < 2 or x.numel() == 0
                 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
             return F.linear(x, weight, self.bias)
