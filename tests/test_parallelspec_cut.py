@@ -192,3 +192,20 @@ def test_a_sampled_level_is_never_kept_or_cut_by_its_own_draw():
         acceptance = decide_alone(tree, p[: len(tree) + 1], False, seq.generator)
         emitted[acceptance.tokens[1]] += 1
     assert abs(emitted[0] / trials - 0.5) < 0.04, emitted
+
+
+def test_a_row_planned_for_a_round_that_never_began_leaves_no_cut_for_a_later_row(drafter):
+    """A round that failed between `plan_batch` and a row's `begin` must not leave that row's joint cut
+    under its id, which a later sequence may reuse: the next plan replaces every pending entry."""
+    policy = ParallelSpecPolicy(drafter, (1,), depth=3, costs=STEEP)
+
+    class Row:
+        rule = type("Rule", (), {"params": SamplingParams(max_new_tokens=4, temperature=0)})()
+
+    stranded, later = [Row(), Row()], [Row(), Row()]
+    policy.plan_batch(stranded, 2)
+    assert {id(r) for r in stranded} == set(policy._joint)
+    policy.plan_batch(later, 2)
+    assert set(policy._joint) == {id(r) for r in later}
+    first_cut = policy._joint[id(later[0])]
+    assert policy._joint[id(later[1])] is first_cut  # the rows of one round share one cut

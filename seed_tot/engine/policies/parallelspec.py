@@ -167,7 +167,9 @@ class ParallelSpecPolicy(DraftPolicy):
         if self.costs is None or rows <= 1 or not jointly:
             return
         cut = _JointCut(self.costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
-        self._joint.update({id(s): cut for s in jointly})
+        # a fresh map per plan: a row planned for a round that failed before its `begin` must not leave
+        # its cut under an id a later row may reuse (draft_rows plans and begins one round at a time)
+        self._joint = {id(s): cut for s in jointly}
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs,
