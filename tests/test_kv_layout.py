@@ -82,6 +82,25 @@ def test_batched_rows_equal_single_rows_without_copying_history(arch):
         torch.testing.assert_close(got, ref.forward(runtime, [40, 41], [-1, -1]), rtol=1e-5, atol=1e-5)
 
 
+
+def test_the_copying_fallback_looks_for_no_shared_history(monkeypatch):
+    """Rows forked from one long prompt share their first slots; the copied fallback gathers every row's
+    history itself, so its forward does not pay for finding that shared stretch (a host read per forward)."""
+    from seed_tot.engine import kv_pool
+    model = build("falcon-mqa")
+    runtime = ModelRuntime(model)
+    prompt = [(3 * i + 1) % 90 for i in range(kv_pool.MIN_SHARED_READ + 8)]
+    first = prefill(runtime, prompt)
+    rows = [first, first.fork()]
+    want = [prefill(runtime, prompt + [t]) for t in (30, 31)]
+
+    def refuse(*args):
+        raise AssertionError("the copying fallback looked for a shared history")
+    monkeypatch.setattr(kv_pool, "_shared_history", refuse)
+    got = forward_batch(runtime, rows, [[30, 40], [31, 41]], [[-1, 0], [-1, 0]])
+    for row, (logits, ref) in enumerate(zip(got, want)):
+        torch.testing.assert_close(logits[1], ref.forward(runtime, [40 + row], [-1])[0], rtol=1e-5, atol=1e-5)
+
 def test_a_batched_forward_packs_rows_so_the_model_runs_only_real_entries(llama):
     """Rows of 4, 3 and 1 new entries run as one sequence of 8 queries, not 3 rows padded to 4 (EMS-SD):
     the linear layers and the LM head never see a padding entry between rows."""

@@ -231,7 +231,7 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
     extra = _feature_inputs(model, features, (1, n_query), [(0, start) for start in starts])
     if logits_to_keep:
         extra["logits_to_keep"] = logits_to_keep + n_query - n_real
-    with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
+    with pool.scoring([kv.cache.line for kv in caches], n_new, find_shared=False) as plan:
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
                                                    history)
         with row_attention.active_batch(model, batch):
@@ -297,7 +297,7 @@ def _forward_batch_copied(runtime: ModelRuntime, caches: list[KVCache], tokens: 
     out = model(input_ids=to_device(input_ids, device), position_ids=to_device(query_pos, device),
                 attention_mask=mask, use_cache=True, **cache_kwargs(model, stacked), **extra)
     n_new = [len(t) for t in tokens]
-    with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
+    with pool.scoring([kv.cache.line for kv in caches], n_new, find_shared=False) as plan:
         new = slice(n_hist, n_hist + n_query)
         for layer_idx, layer in enumerate(stacked.layers):
             keys, values = layer.keys[:, :, new].transpose(1, 2), layer.values[:, :, new].transpose(1, 2)

@@ -179,9 +179,10 @@ class KVPool:
 
     # ------------------------------------------------------------------ forwards
     @contextmanager
-    def scoring(self, lines: list[Line], n_new: list[int], on_device: bool = True):
+    def scoring(self, lines: list[Line], n_new: list[int], on_device: bool = True, find_shared: bool = True):
         """Hand out slots for a forward that adds n_new[b] entries to row b; yields a ScoringPlan
         (on the host where not on_device: a fixed-shape forward copies it into its own buffers).
+        find_shared=False: the caller reads no shared history (the copied fallback), so none is looked for.
         The rows' lengths grow at once: the forward writes every layer before anyone reads them."""
         total = sum(n_new)
         with self._cond, torch.inference_mode(False):
@@ -207,7 +208,7 @@ class KVPool:
                     cols = torch.tensor([line.length + i for line, n in zip(lines, n_new) for i in range(n)])
                     self.table[rows, cols] = slots
                 read = self.table[[line.index for line in lines], :width]
-                if on_device:  # a fixed-shape forward (on_device=False) copies only the read table into its buffers
+                if on_device and find_shared:  # a fixed-shape forward (on_device=False) copies only the read table into its buffers
                     shared, shared_slots = _shared_history(read, min(line.length for line in lines))
                 if min(lengths) < width:  # a row shorter than the longest reads SCRATCH past its end: its mask hides those keys
                     read = read.masked_fill(torch.arange(width)[None] >= torch.tensor(lengths)[:, None], SCRATCH)
