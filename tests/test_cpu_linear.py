@@ -142,3 +142,20 @@ def test_the_environment_sets_the_kernel_where_the_call_names_none(tiny_model_di
     monkeypatch.setenv("SEED_TOT_CPU_LINEAR", "mkl")
     with pytest.raises(ValueError, match=r"\$SEED_TOT_CPU_LINEAR must be one of onednn, stock"):
         Engine.from_pretrained(target=tiny_model_dirs[0], device="cpu", load_draft=False)
+
+
+def test_a_pipeline_rank_loading_a_model_by_name_gets_the_engines_kernel(tiny_model_dirs, monkeypatch):
+    """PipeDec ranks that load their stage by name run the kernel `from_pretrained` would; a model
+    handed over as an object is used as given."""
+    from seed_tot.engine.pipeline import ModelSource
+    target_dir, draft_dir = tiny_model_dirs
+    monkeypatch.delenv("SEED_TOT_CPU_LINEAR", raising=False)
+    loaded = ModelSource(str(target_dir), str(draft_dir))
+    assert all(linear_kernel(loaded.load(which)) == "onednn" for which in ("target", "draft"))
+    assert linear_kernel(ModelSource(str(target_dir), cpu_linear="stock").load("target")) == "stock"
+    monkeypatch.setenv("SEED_TOT_CPU_LINEAR", "stock")
+    assert linear_kernel(ModelSource(str(target_dir)).load("target")) == "stock"
+    given = tiny_model("llama", seed=3)
+    assert ModelSource(given).load("target") is given and linear_kernel(given) == "stock"
+    with pytest.raises(ValueError, match="cpu_linear must be one of onednn, stock, not 'mkl'"):
+        ModelSource(str(target_dir), cpu_linear="mkl").load("target")

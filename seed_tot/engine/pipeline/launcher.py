@@ -49,20 +49,28 @@ class PipelineConfig:
 
 @dataclass
 class ModelSource:
-    """Models handed over as objects (tests, small models) or as names each rank loads itself."""
+    """Models handed over as objects (tests, small models, an engine's) or as names each rank loads
+    itself. A model a rank loads gets the linear kernel `Engine.from_pretrained` would give it
+    (cpu_linear: "onednn", "stock", None for $SEED_TOT_CPU_LINEAR); objects are used as given."""
 
     target: Any
     draft: Any = None
     device: str = "cpu"
     dtype: str | None = None
+    cpu_linear: str | None = None
 
     def load(self, which: str):
         obj = self.target if which == "target" else self.draft
         if not isinstance(obj, str):
             return obj
+        from ..cpu_linear import ONEDNN, resolve_cpu_linear, use_onednn_linears
         from ..models import load_model_and_tokenizer
+        linear = resolve_cpu_linear(self.cpu_linear)  # a bad value fails before the load
         dtype = getattr(torch, self.dtype) if self.dtype else None
-        return load_model_and_tokenizer(obj, torch.device(self.device), dtype)[0]
+        model = load_model_and_tokenizer(obj, torch.device(self.device), dtype)[0]
+        if linear == ONEDNN:
+            use_onednn_linears(model)
+        return model
 
 
 @dataclass
