@@ -235,3 +235,31 @@ def test_all_is_refused_before_any_forward_where_batches_are_not_exact(alibi_eng
 def test_an_unknown_batch_word_is_refused_naming_the_accepted_ones(llama_pair):
     with pytest.raises(ValueError, match="None or 'all'.*'auto'"):
         Engine(*llama_pair).generate(PROMPTS, GREEDY, mode="seed", verify_batch="every")
+
+
+def test_cancelling_an_async_static_parallel_call_stops_its_batch():
+    """parallel on an ALiBi target runs as one static batch in a thread, which no cancel reaches: the
+    cancelled call's batch ends at its next step instead of decoding its whole budget."""
+    import asyncio
+    import time
+    target = alibi_model("bloom")
+    engine = Engine(target, vocab_size=VOCAB)
+    counter = ForwardCounter(target)
+    budget = 4000
+
+    async def cancel_soon():
+        task = asyncio.create_task(engine.agenerate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=budget),
+                                                    mode="parallel"))
+        while counter.count < 3:  # the batch is decoding
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(cancel_soon())  # asyncio.run waits for the default executor's threads at its end
+        stopped_at = counter.count
+        time.sleep(0.2)
+        assert counter.count == stopped_at < budget // 4
+    finally:
+        counter.remove()

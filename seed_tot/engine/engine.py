@@ -191,12 +191,12 @@ class Engine:
         self.scheduler.wait(future)
         return self._finish(seqs, start)
 
-    def _generate_static_parallel(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
+    def _generate_static_parallel(self, prompts, params: SamplingParams, spec: DecodeSpec, stop=None) -> list[GenerationResult]:
         """parallel as one static left-padded batch, for a target no batched mask serves (see `_scheduled`)."""
         from .parallel import generate_parallel
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
         seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, prefill=False)
-        generate_parallel(self.target, seqs, params, self.vocab_size)
+        generate_parallel(self.target, seqs, params, self.vocab_size, stop)
         return self._finish(seqs, start)
 
     async def agenerate(self, prompts, params: SamplingParams | None = None, mode: str | None = None,
@@ -214,7 +214,13 @@ class Engine:
 
     async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
         if not self._scheduled(spec.mode):
-            return await asyncio.to_thread(self.generate, prompts, params, spec=spec)
+            stop = threading.Event()  # a thread cannot be cancelled: the batch reads this at each step
+            try:
+                return await asyncio.to_thread(self.on_forward_thread, self._generate_static_parallel, prompts,
+                                               params, self._resolved(spec), stop)
+            except asyncio.CancelledError:
+                stop.set()  # the batch ends at its next step instead of decoding its whole budget
+                raise
         seqs, future, start = self._submit(prompts, params, spec)
         await asyncio.wrap_future(future)  # cancelling the awaiting task cancels the call
         return self._finish(seqs, start)
@@ -470,12 +476,10 @@ class Engine:
     @staticmethod
     def _finish(seqs: list[Sequence], start: float) -> list[GenerationResult]:
         wall = time.perf_counter() - start
-        results = []
         for seq in seqs:
             seq.stats.wall_s = wall
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
-            results.append(seq.result())
-        return results
+        return [seq.result() for seq in seqs]
 
 
 def _report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence]) -> None:

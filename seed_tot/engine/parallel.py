@@ -11,6 +11,7 @@ counted). Rows that have stopped keep riding along
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -25,7 +26,10 @@ from .verify import decide_alone
 
 
 @torch.inference_mode()
-def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab_size: int) -> None:
+def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab_size: int,
+                      stop: threading.Event | None = None) -> None:
+    """Decode every row to its end, or until `stop` is set (its caller was cancelled: the batch
+    gives its thread back at the next step instead of running out the rows' budgets)."""
     empty = DraftTree.empty(vocab_size)  # each row's step decided as the scheduler decides a plain step
     device = model.device
     width = max(len(s.prompt) for s in seqs)
@@ -34,7 +38,7 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
     mask = torch.tensor([[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in seqs], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    while True:
+    while stop is None or not stop.is_set():
         start = time.perf_counter()
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                        use_cache=True, **cache_kwargs(model, cache)).logits[:, -1]
