@@ -231,7 +231,7 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
     extra = _feature_inputs(model, features, (1, n_query), [(0, start) for start in starts])
     if logits_to_keep:
         extra["logits_to_keep"] = logits_to_keep + n_query - n_real
-    with pool.scoring([kv.cache.line for kv in caches], n_new, find_shared=False) as plan:
+    with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
                                                    history)
         with row_attention.active_batch(model, batch):
