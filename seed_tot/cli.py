@@ -113,7 +113,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     total = summarize(results)
     if not as_json:
         # what drafted: the policy by name (its default depends on the draft model), then the k_config given
-        drafting = (f" policy={engine.policy_name(spec.draft_policy)} k_config={','.join(map(str, k_config))}"
+        drafting = (f" policy={engine.policy_name(spec.draft_policy, mode, k_config)} k_config={','.join(map(str, k_config))}"
                     if mode in DRAFTING_MODES else "")
         click.echo(f"--- mode={mode}{drafting} target={engine.target_name} draft={engine.draft_name}")
         click.echo(f"wall {total.wall_s:.2f}s  tokens {total.new_tokens}  tokens/s {total.new_tokens / max(total.wall_s, 1e-9):.1f}  "

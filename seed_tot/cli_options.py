@@ -104,7 +104,8 @@ def policy_options(fn):
     """--draft-policy/--policy-option/--head: how sd, mcsd and seed plan their drafts."""
     for option in reversed([
         click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.decode_spec", "POLICIES"), default=None,
-                     help="fixed (k_config shapes, the default), opt-tree, specdec, auto, parallelspec "
+                     help="fixed (k_config shapes; the default of sd, mcsd and a seed tree k_config), opt-tree, "
+                          "specdec, auto (the default of seed with a draft model and a chain k_config), parallelspec "
                           "(the default with a ParallelSpec --draft DIR), or lookup (prompt lookup, no draft model; "
                           "the default with --draft lookup)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
@@ -166,8 +167,8 @@ def check_policy_setting(decode: DecodeSpec, param_hint: str, label: str = "") -
     head = decode.options.get("head")
     head_hint = param_hint if label else "--head"
     if decode.draft_policy is None and head is not None:
-        # no default policy (fixed, parallelspec, lookup) reads a head; left to the engine this is
-        # "draft policy 'parallelspec' has no option head" once the models have loaded
+        # the default policy depends on the mode and the draft model, and only auto of them reads a
+        # head; left to the engine this is "draft policy 'parallelspec' has no option head" once loaded
         raise click.BadParameter(f"a head ({head}) is read by the draft policies {', '.join(HEAD_POLICIES)}; "
                                  f"name one with --draft-policy", param_hint=head_hint)
     if not isinstance(decode.draft_policy, str):

@@ -90,6 +90,18 @@ def rows_stopping_differently(max_new_tokens: int = 30):
     return target, prompts, tok, params, refs
 
 
+@pytest.fixture(autouse=True)
+def seed_drafts_fixed_chains(request, monkeypatch):
+    """In-process tests run seed with the fixed policy where they name none. Its default, auto,
+    decides from this machine's timing whether drafting pays (on tiny models on a CPU it mostly does
+    not), so a test of drafting, verification or an attention path would test a plain target step,
+    and one of counts would depend on the machine. Tests marked `seed_default_policy`
+    (test_default_policy.py) run the default itself; commands run in a subprocess run it too."""
+    if request.node.get_closest_marker("seed_default_policy") is None:
+        from seed_tot import Engine
+        monkeypatch.setattr(Engine, "SEED_POLICY", "fixed")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_calibration_cache(tmp_path_factory):
     """Costs calibrated during tests (parallelspec's cut=cost, auto) go to a private cache: never into

@@ -29,6 +29,8 @@ class Engine:
     """A target model, an optional draft model sharing its vocabulary, and a tokenizer. The engine runs
     each model through its own `ModelRuntime` (`target_runtime`, `draft_runtime`: model_runtime.py)."""
 
+    SEED_POLICY = "auto"  # seed's draft policy where no call, engine or drafter names one: seed must not lose to parallel
+
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
                  prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
@@ -42,8 +44,7 @@ class Engine:
         self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)
         model_vocab = target_model.get_output_embeddings().weight.shape[0]
         # sample only over real tokens: the embedding matrix may be padded past the tokenizer
-        self.vocab_size = vocab_size or (len(tokenizer) if tokenizer is not None else model_vocab)
-        self.vocab_size = min(self.vocab_size, model_vocab)
+        self.vocab_size = min(vocab_size or (len(tokenizer) if tokenizer is not None else model_vocab), model_vocab)
         if self.draft is not None:
             draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
             if draft_vocab < self.vocab_size:
@@ -53,8 +54,7 @@ class Engine:
         reads_features = getattr(self.draft, "uses_target_features", False)
         self.target_hidden = self.target_runtime.capture(TargetHidden) if reads_features else None
         eos = getattr(target_model.generation_config, "eos_token_id", None)
-        if eos is None and tokenizer is not None:
-            eos = tokenizer.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None and tokenizer is not None else eos
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         # prompt stretches scored by earlier calls, per model (shared_prefill.py); 0 entries: off.
         # 1 GiB per model by default: about 23k tokens of SmolLM2-135M or 2k of a 7B fp16 model
@@ -407,10 +407,11 @@ class Engine:
             for seq in seqs:
                 seq.draft = None
 
-    def policy_name(self, draft_policy: str | None = None) -> str:
-        """The draft policy a drafting call runs: the one it names, else the engine's default (a
-        ParallelSpec drafter: parallelspec; an engine loaded with draft="lookup": lookup; else fixed)."""
-        return draft_policy or self.default_policy or getattr(self.draft, "default_policy", "fixed")
+    def policy_name(self, draft_policy: str | None = None, mode: str = "seed", k_config: tuple[int, ...] = (1,)) -> str:
+        """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else SEED_POLICY for
+        seed with a chain k_config (auto drafts only where that pays), else fixed (sd, mcsd: the papers' baselines)."""
+        default = draft_policy or self.default_policy or getattr(self.draft, "default_policy", None)
+        return default or (self.SEED_POLICY if mode == "seed" and all(k == 1 for k in k_config) else "fixed")
 
     def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
                policy_options: dict | None = None):
@@ -427,16 +428,15 @@ class Engine:
                 raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
-        name = self.policy_name(draft_policy)
+        name = self.policy_name(draft_policy, mode, k_config)
         if self.draft is None and name != "lookup":
             raise _needs_draft(mode)
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
         policy = self._policies.get(key)
         if policy is None:
-            # built on the forward thread, as every forward of this engine (forward_thread.py): building may
-            # calibrate, and a calibration on the caller's thread would time its forwards beside the step
-            # loop's and leave that thread an OpenMP team, which slows the forward thread for good
+            # built on the forward thread, as every forward here (forward_thread.py): building may calibrate, which on the
+            # caller's thread would time beside the step loop and leave that thread an OpenMP team (slowing it for good)
             policy = self.on_forward_thread(self._build_policy, key, name, policy_options, shape, params)
         return policy
 

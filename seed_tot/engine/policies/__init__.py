@@ -1,6 +1,6 @@
 """Draft policies: how each sequence's draft tree is planned, round by round.
 
-    fixed     today's k_config shapes (the default; sd uses a chain of len(k_config))
+    fixed     the k_config shapes (the default of sd, a chain of len(k_config), mcsd and seed with a tree)
     opt-tree  OPT-Tree's adaptive tree: the n nodes of largest path probability, grown until a
               layer adds less than delta to the expected accepted length (opt_tree.py)
     specdec   SpecDec++: a chain that stops once a trained head predicts a rejection is likely
@@ -8,7 +8,8 @@
     auto      cost-aware: calibrated forward costs and a running acceptance estimate choose the
               draft length that maximizes tokens per second, including no draft at all; in a
               batched round, of the whole round's rows together (load-aware, auto.py); a call
-              whose budget cannot repay the draft's prefill decodes without the draft
+              whose budget cannot repay the draft's prefill decodes without the draft (the default
+              of seed with a draft model and a chain k_config: Engine.policy_name)
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
     lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
