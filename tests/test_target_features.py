@@ -192,3 +192,23 @@ def test_sample_features_are_computed_over_the_whole_prompt_as_at_inference(targ
     assert not torch.allclose(sample.hidden, cut, atol=1e-3)  # what a forward over the cut sample would give
     with pytest.raises(ValueError, match="not the end of any"):
         attach_target_hidden(target, [Sample([7, 7, 7, 1], 3)], [prompt])
+
+
+@torch.no_grad()
+def test_samples_of_one_prompt_score_it_once_and_get_the_states_of_a_whole_forward(target):
+    from seed_tot.training.drafter_data import attach_target_hidden
+
+    prompt = [(7 * i) % 90 + 2 for i in range(60)]
+    responses = [[9, 1, 77, 4], [3, 3], [50, 8, 8, 8, 21]]
+    samples = [Sample(prompt[-12:] + r, 12) for r in responses] + [Sample(prompt[-5:], 5)]  # the last: no response
+    scored = []
+    hook = target.base_model.register_forward_hook(lambda m, args, kwargs, out: scored.append(kwargs["input_ids"].shape[1]),
+                                                   with_kwargs=True)
+    try:
+        attach_target_hidden(target, samples, [prompt])
+    finally:
+        hook.remove()
+    assert scored == [len(prompt)] + [len(r) for r in responses]  # the prompt once, then each response alone
+    for sample in samples:
+        whole = target.base_model(input_ids=torch.tensor([prompt + sample.tokens[sample.start:]])).last_hidden_state[0]
+        torch.testing.assert_close(sample.hidden, whole[-len(sample.tokens):], atol=1e-5, rtol=1e-4)
