@@ -23,7 +23,8 @@ Mode specs (--modes, comma separated): MODE[:K-K-K][@wN][@vbM][@dbM][@cN][@pc0][
           e.g. sd+auto, seed+opt-tree:n=8:delta=0.2, sd+specdec:h=0.5:head=DIR
   e.g. --modes ar,parallel,sd,mcsd:2-2-1,seed@db1@vb1,seed@dball@vball,seed+opt-tree:n=8
 
-Each mode gets its warm-up runs, then the timed runs go in rounds: every mode once per round,
+Each mode gets its draft policy built (auto's one-time calibration included) and its warm-up runs,
+then the timed runs go in rounds: every mode once per round,
 --repeats rounds, so a machine whose speed drifts during the run slows every mode alike. Speedups
 are ratios of medians taken in this one run. bench decodes greedily unless --temperature says otherwise (the task configs
 sample at 1.0), because under greedy decoding every mode must reproduce ar's tokens (thoughts) or
@@ -172,10 +173,20 @@ class ModeReport:
         return total
 
 
+def build_policy(engine, spec: ModeSpec, params) -> None:
+    """Build a drafting mode's draft policy (the one its calls will run) before its runs: building
+    may time this machine's forwards (auto's calibration: on a CPU a minute or more for a pair of 1B
+    models, once per machine), and a timed run, or a warm-up that --warmup 0 leaves out, must not carry it."""
+    d = spec.decode
+    if d.mode in DRAFTING_MODES and params is not None:
+        engine.policy(d.mode, d.k_config, params, d.draft_policy, d.options)
+
+
 def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
-                warmup: int = 1, on_run=None) -> list[ModeReport]:
+                warmup: int = 1, on_run=None, params=None) -> list[ModeReport]:
     """Time `repeats` rounds of every mode once each, each mode warmed up just before its first
-    timed run; `on_run(reports, report, round)` after every timed run.
+    timed run (its draft policy built first: `build_policy`, with `params` the runs' sampling
+    settings; None skips it); `on_run(reports, report, round)` after every timed run.
 
     Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
     last would otherwise carry the drift into every ratio (seen here: ~30% within a session).
@@ -190,6 +201,7 @@ def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int,
         click.echo(f"round {i} of {repeats}: {', '.join(spec.label for spec in specs)}", err=True)
         for report, eng in zip(reports, timed):
             if i == 1:
+                build_policy(engine, report.spec, params)
                 click.echo(f"{report.spec.label}: {warmup} warm-up run(s)", err=True)
                 for _ in range(warmup):
                     _run_once(engine, workload, report.spec, 0)  # warm-up: kernels, allocator, caches; not timed
@@ -426,18 +438,20 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         recorder = TraceRecorder(Path(trace_dir), f"bench {workload}" + (" SYNTHETIC" if synthetic else ""))
         recorder.start()
     with (contextlib.nullcontext(output_dir) if output_dir else tempfile.TemporaryDirectory(prefix="seed-tot-bench-")) as tmp:
+        # a tot-* solve's calls sample at this temperature too (apply_overrides), so its draft policies,
+        # keyed by greedy or not, are the ones these params build (bench_modes builds them before timing)
+        params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
+                                seed=seed)
         if tot:
             run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp),
                                             concurrency)
         else:
-            params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
-                                    seed=seed)
             make = tot_step_workload if workload == "tot-step" else thoughts_workload
             run, description = make(engine, data, params)
         header = _header(engine, synth, workload, description, temperature, repeats, warmup)
         stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
-            reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream)
+            reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream, params=params)
         finally:
             if recorder:
                 recorder.finish()

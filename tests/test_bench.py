@@ -315,3 +315,22 @@ def test_prefix_store_off_per_mode_scores_every_prompt_again_with_the_same_predi
     assert on["matches_ar"] and off["matches_ar"]
     # the second problem's few-shot text and each step's question come from the store
     assert 0 < on["prompt_tokens_scored_per_run"] < 0.8 * off["prompt_tokens_scored_per_run"]
+
+
+def test_a_modes_draft_policy_is_built_before_its_first_run_so_no_timed_run_carries_a_calibration(tmp_path, monkeypatch):
+    from seed_tot.bench import bench_modes
+    from seed_tot.engine import cost_model
+
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))  # no cached costs: auto calibrates
+    events = []
+    calibrate = cost_model.calibrate
+    monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: events.append("calibrate") or calibrate(*a, **k))
+    engine = build_synthetic_engine("tiny", 0.5, "cpu")
+    params = SamplingParams(max_new_tokens=3, temperature=0)
+
+    def run(eng, spec, index):
+        events.append(f"{spec.label} run {index}")
+        eng.generate([[1, 2, 3]], params, spec=spec.decode)
+
+    bench_modes(engine, run, parse_modes("parallel,seed+auto", ONE_BY_ONE), repeats=2, warmup=0, params=params)
+    assert events == ["parallel run 1", "calibrate", "seed+auto run 1", "parallel run 2", "seed+auto run 2"]
