@@ -104,8 +104,8 @@ def policy_options(fn):
     """--draft-policy/--policy-option/--head: how sd, mcsd and seed plan their drafts."""
     for option in reversed([
         click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.decode_spec", "POLICIES"), default=None,
-                     help="fixed (k_config shapes; the default of sd, mcsd and a seed tree k_config), opt-tree, "
-                          "specdec, auto (the default of seed with a draft model and a chain k_config), parallelspec "
+                     help="fixed (k_config shapes; the default of sd, mcsd, and seed with a tree k_config or on a GPU), opt-tree, "
+                          "specdec, auto (the default of seed on a CPU with a draft model and a chain k_config), parallelspec "
                           "(the default with a ParallelSpec --draft DIR), or lookup (prompt lookup, no draft model; "
                           "the default with --draft lookup)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",

@@ -98,8 +98,8 @@ def seed_drafts_fixed_chains(request, monkeypatch):
     and one of counts would depend on the machine. Tests marked `seed_default_policy`
     (test_default_policy.py) run the default itself; commands run in a subprocess run it too."""
     if request.node.get_closest_marker("seed_default_policy") is None:
-        from seed_tot import Engine
-        monkeypatch.setattr(Engine, "SEED_POLICY", "fixed")
+        from seed_tot.engine import policies
+        monkeypatch.setattr(policies, "SEED_DEFAULTS", {})  # every device: fixed
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,6 +7,7 @@ from conftest import reference_greedy
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import cost_model
 from seed_tot.engine.drafters.parallelspec import ParallelDrafter
+from seed_tot.engine.policies import default_policy_name
 from seed_tot.engine.policies.auto import AutoPolicy
 from seed_tot.engine.policies.fixed import FixedPolicy
 
@@ -16,7 +17,7 @@ GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 PROMPT = [5, 17, 42, 9, 3, 77, 12]
 
 
-def test_seed_with_a_draft_model_and_a_chain_runs_auto_and_keeps_greedy_output(llama_pair):
+def test_seed_on_a_cpu_with_a_draft_model_and_a_chain_runs_auto_and_keeps_greedy_output(llama_pair):
     engine = Engine(*llama_pair)
     assert engine.policy_name(None, "seed", (1, 1, 1)) == "auto"
     assert isinstance(engine.policy("seed", (1, 1, 1), GREEDY), AutoPolicy)
@@ -29,6 +30,12 @@ def test_the_baselines_and_a_tree_shape_asked_for_keep_the_fixed_policy(llama_pa
     engine = Engine(*llama_pair)
     assert engine.policy_name(None, mode, k_config) == "fixed"
     assert isinstance(engine.policy(mode, k_config, GREEDY), FixedPolicy)
+
+
+def test_seed_on_a_gpu_keeps_fixed_chains_until_a_gpu_session_measures_auto_there():
+    assert default_policy_name("seed", (1, 1, 1), "cpu") == "auto"
+    assert default_policy_name("seed", (1, 1, 1), "cuda") == "fixed"
+    assert default_policy_name("seed", (2, 1), "cpu") == default_policy_name("sd", (1, 1), "cpu") == "fixed"
 
 
 def test_a_named_policy_and_a_drafters_own_default_come_before_auto(llama_pair):

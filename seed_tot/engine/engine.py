@@ -29,8 +29,6 @@ class Engine:
     """A target model, an optional draft model sharing its vocabulary, and a tokenizer. The engine runs
     each model through its own `ModelRuntime` (`target_runtime`, `draft_runtime`: model_runtime.py)."""
 
-    SEED_POLICY = "auto"  # seed's draft policy where no call, engine or drafter names one: seed must not lose to parallel
-
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
                  prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
@@ -408,10 +406,11 @@ class Engine:
                 seq.draft = None
 
     def policy_name(self, draft_policy: str | None = None, mode: str = "seed", k_config: tuple[int, ...] = (1,)) -> str:
-        """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else SEED_POLICY for
-        seed with a chain k_config (auto drafts only where that pays), else fixed (sd, mcsd: the papers' baselines)."""
+        """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else
+        policies.default_policy_name's for the mode, k_config and target device (seed on a CPU: auto)."""
+        from .policies import default_policy_name
         default = draft_policy or self.default_policy or getattr(self.draft, "default_policy", None)
-        return default or (self.SEED_POLICY if mode == "seed" and all(k == 1 for k in k_config) else "fixed")
+        return default or default_policy_name(mode, k_config, self.target.device.type)
 
     def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
                policy_options: dict | None = None):

@@ -1,6 +1,6 @@
 """Draft policies: how each sequence's draft tree is planned, round by round.
 
-    fixed     the k_config shapes (the default of sd, a chain of len(k_config), mcsd and seed with a tree)
+    fixed     the k_config shapes (the default of sd, a chain of len(k_config), mcsd, seed with a tree or on a GPU)
     opt-tree  OPT-Tree's adaptive tree: the n nodes of largest path probability, grown until a
               layer adds less than delta to the expected accepted length (opt_tree.py)
     specdec   SpecDec++: a chain that stops once a trained head predicts a rejection is likely
@@ -9,7 +9,7 @@
               draft length that maximizes tokens per second, including no draft at all; in a
               batched round, of the whole round's rows together (load-aware, auto.py); a call
               whose budget cannot repay the draft's prefill decodes without the draft (the default
-              of seed with a draft model and a chain k_config: Engine.policy_name)
+              of seed on a CPU with a draft model and a chain k_config: default_policy_name)
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
     lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
@@ -48,7 +48,23 @@ from .fixed import FixedPolicy
 from ..decode_spec import POLICIES  # the names are a decoding setting, checked without torch
 
 __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "TreeBuilder", "check_policy_options",
-           "make_policy", "may_draft_trees", "parse_policy_options"]
+           "default_policy_name", "make_policy", "may_draft_trees", "parse_policy_options"]
+
+# seed's policy where no call, engine or drafter names one, by the target's device type (any other: fixed).
+# On a CPU, seed's fixed chains lose to parallel at a ToT step's load, where auto declines the draft its
+# load cannot repay. On a GPU auto's per-round plan is host work (it grows with rows) whose worth no
+# device has measured yet, so CUDA keeps fixed chains until a GPU session compares the two
+# (docs/benchmarks.md, "seed drafts only where it pays, session 37").
+SEED_DEFAULTS = {"cpu": "auto"}
+
+
+def default_policy_name(mode: str, k_config: tuple[int, ...], device_type: str) -> str:
+    """The policy a drafting call runs when neither it, its engine nor its drafter names one: seed's
+    default on this device for a chain k_config, else fixed (sd and mcsd are the papers' baselines,
+    and a tree k_config is a shape asked for)."""
+    if mode == "seed" and all(k == 1 for k in k_config):
+        return SEED_DEFAULTS.get(device_type, "fixed")
+    return "fixed"
 
 
 def parse_policy_options(pairs) -> dict[str, str]:
