@@ -105,7 +105,10 @@ def _hf_generate(model, prompts: list[list[int]], new_tokens: int, temperature: 
 def _engine_generate(engine: Engine, mode: str, prompts: list[list[int]], new_tokens: int,
                      temperature: float = 0.0) -> None:
     engine.clear_prefix_cache(keep=False)  # a repeat must score its prompts again, as the first run did
-    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, temperature=temperature), mode=mode)
+    # seed with fixed chains: its default on a CPU, auto, declines the draft on these models and would
+    # time parallel's step, not the drafting path
+    policy = {"draft_policy": "fixed"} if mode == "seed" else {}
+    engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, temperature=temperature), mode=mode, **policy)
 
 
 def per_step_ms(run, new_tokens: int, repeats: int) -> float:
