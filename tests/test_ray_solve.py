@@ -141,7 +141,10 @@ def problems(tmp_path_factory):
 
 
 def settings_for(task, temperature: float):
-    return apply_overrides(load_settings(None, base=task.config), temperature=temperature, mode="seed")
+    # the policy named: the actors run in other processes, where conftest's fixed chains do not reach,
+    # and seed's CPU default (auto) decides from timing whether to draft, which changes sampled records
+    return apply_overrides(load_settings(None, base=task.config), temperature=temperature, mode="seed",
+                           draft_policy="fixed")
 
 
 @pytest.fixture(scope="module")
@@ -411,7 +414,8 @@ def test_cli_solve_on_ray_loads_models_from_their_directories(keeper, problems, 
     keeper.release()  # the cluster's 2 CPUs go to the command's own 2 actors
     result = CliRunner().invoke(main, ["solve", "short", "--data", data, "--target", target, "--draft", draft,
                                        "--temperature", "1", "--device", "cpu", "--output", str(tmp_path),
-                                       "--ray", "--workers", "2", "--concurrency", "2", "--json"],
+                                       "--draft-policy", "fixed", "--ray", "--workers", "2", "--concurrency", "2",
+                                       "--json"],
                                  catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == len(examples)
