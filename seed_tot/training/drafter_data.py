@@ -182,7 +182,6 @@ def unpack(tensors: dict[str, torch.Tensor]) -> list[Sample]:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def attach_target_hidden(target, samples: list[Sample], prompts: list[list[int]], progress=None) -> None:
     """Give each sample the target's final hidden states over its tokens (Sample.hidden), what a
     drafter that reads them gets at inference (engine/target_features.py). A sample keeps only the
