@@ -106,3 +106,14 @@ def test_no_module_imports_another_modules_private_names():
                 offenders += [f"{name}: {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert offenders == []
+
+
+def test_the_search_imports_neither_the_viewer_nor_the_server():
+    """The search records what the page shows (a record's node_work) and the page reads it: nothing under
+    seed_tot/search/ may import seed_tot.view or seed_tot.serve, deferred imports included."""
+    banned = ("seed_tot.view", "seed_tot.serve")
+    offenders = sorted(f"{name} imports {target}" for name, (tree, is_package) in _modules().items()
+                       if name == "seed_tot.search" or name.startswith("seed_tot.search.")
+                       for target in _imported(name, tree, is_package)
+                       if any(target == b or target.startswith(b + ".") for b in banned))
+    assert offenders == [], offenders

@@ -17,7 +17,7 @@ from seed_tot.search import DecodingSettings, LLMCaller, load_settings, shipped_
 from seed_tot.search.bfs import bfs
 from seed_tot.search.protocol import Example, State
 from seed_tot.tasks import get_task
-from seed_tot.view.node_work import CallLog, node_work
+from seed_tot.search.node_work import CallLog, node_work
 from seed_tot.view.page import embed_json, write_page
 from seed_tot.view.page_data import build_page_data, load_run, problem_entry, tree_nodes
 

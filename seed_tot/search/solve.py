@@ -20,13 +20,13 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from seed_tot.engine.params import GenerationStats
-from seed_tot.view.node_work import search_with_node_work
 
 from .bfs import bfs
 from .config import RunSettings, with_search_config
 from .dfs import dfs
 from .expansion import SearchResult, check_examples, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
+from .node_work import search_with_node_work
 from .protocol import Example, Task, check_unique_ids
 from .results_file import (ResultsFileError, check_same_problems, json_default, lock_output, prepare_results_file,
                            summarize_records)

@@ -15,9 +15,8 @@ from typing import Any, Callable, Sequence
 
 from seed_tot.search.protocol import Example, State
 from seed_tot.search.results_file import summarize_records
+from seed_tot.search.node_work import WORK_FIELDS
 from seed_tot.search.solve import RESULTS_FILE, SUMMARY_FILE
-
-from .node_work import WORK_FIELDS
 
 log = logging.getLogger(__name__)
 
