@@ -197,6 +197,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     package.module:ClassName; or a name an installed package registers under the `seed_tot.tasks`
     entry-point group. --config and the flags apply to every task alike."""
     from seed_tot.search import apply_overrides, solve_dataset
+    from seed_tot.search.data_source import data_source
     from seed_tot.search.results_file import check_output_free
     from seed_tot.search.solve import summarize_finished_run
 
@@ -208,6 +209,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if ray_address is not None and trace_dir is not None:
         raise click.UsageError("--trace records an engine in this process; it does not combine with --ray")
     task, settings, examples = _task_setup(task_name, config_file, data, limit, offset)
+    source = data_source(task, data)  # part of the run's identity: a resume never mixes two datasets
     check_mode_options(click.get_current_context(), [mode or settings.decode.mode])
     _warn_unused_settings(settings, mode or settings.decode.mode)
     results = Path(output) / "results.jsonl"
@@ -224,7 +226,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if resume and results.is_file() and results.stat().st_size > 0:
         # before loading models: records made with other settings are refused (run_identity.py), and a
         # run with nothing left needs no model at all
-        summary = summarize_finished_run(task, examples, settings, output)
+        summary = summarize_finished_run(task, examples, settings, output, data=source)
         if summary is not None:  # every problem already solved: no model to load, no Ray cluster to start
             if view_page:
                 write_run_page(output, task)
@@ -233,7 +235,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if ray_address is not None:
         start = time.perf_counter()
         summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
-                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency, search_timeout)
+                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency, search_timeout,
+                                source)
         if view_page:
             write_run_page(output, task)
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
@@ -242,7 +245,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
-                                concurrency=concurrency)
+                                concurrency=concurrency, data=source)
     if view_page:
         write_run_page(output, task)
     _echo_summary(summary, output, as_json, time.perf_counter() - start)
@@ -271,7 +274,7 @@ def _warn_unused_settings(settings, mode: str) -> None:
 
 
 def _solve_on_ray(address, model, task, examples, settings, output, resume, workers, gpus_per_worker,
-                  cpus_per_worker, concurrency, search_timeout):
+                  cpus_per_worker, concurrency, search_timeout, source):
     """solve --ray: the driver loads no model; each actor builds its engine from the same options."""
     from seed_tot.search.distributed import EngineSpec, RayRunError, solve_on_ray
 
@@ -281,7 +284,7 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
     try:
         return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
                             workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0,
-                            concurrency=concurrency, search_timeout_s=search_timeout)
+                            concurrency=concurrency, search_timeout_s=search_timeout, data=source)
     except RayRunError as err:
         raise click.ClickException(str(err)) from err
 

@@ -85,6 +85,11 @@ class Blocksworld:
                                    check=_check_record)
         return [Example(id=record["id"], data=record) for record in records]
 
+    def default_data_source(self) -> dict[str, Any]:
+        """What `load(None)` reads, as run.json records it (a resume must generate the same instances)."""
+        return {"generator": "blocksworld.random_instance", "seed": self.seed, "n_random": self.n_random,
+                "n_blocks": self.n_blocks, "plan_length": self.plan_length}
+
     def random_records(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
         records = []

@@ -120,6 +120,10 @@ class GSM8K:
         self.prompts = task_prompts("gsm8k", prompts, REQUIRED_PROMPTS)
 
     # --- data -------------------------------------------------------------------------------
+    def default_data_source(self) -> dict[str, Any]:
+        """What `load(None)` reads, as run.json records it."""
+        return {"hub": HUB[0], "config": HUB[1], "split": HUB[2]}
+
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
         records = load_records(path, hub=HUB, required=("question", "answer"), limit=limit, offset=offset,
                                check=check_record)

@@ -284,7 +284,8 @@ def _notice_ctrl_c() -> tuple[threading.Event, Callable[[], None]]:
 
 def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                       output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
-                      max_attempts: int = DEFAULT_MAX_ATTEMPTS, search_timeout_s: float | None = None) -> dict[str, Any]:
+                      max_attempts: int = DEFAULT_MAX_ATTEMPTS, search_timeout_s: float | None = None,
+                      data: dict[str, Any] | None = None) -> dict[str, Any]:
     """`solve_dataset` on the pool's actors: the same results.jsonl and summary.json.
 
     A search still running after `search_timeout_s` is recorded as failed (a resume tries it again) and
@@ -306,7 +307,7 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
     # the actors' model names, as a single-process run records its engine's: a resume with other models is
     # refused whichever way it crosses, and run.json names what made the records
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume, models=model_names(pool.model_names)) as recorder:
+                         resume=resume, models=model_names(pool.model_names), data=data) as recorder:
         queue = deque(_Job(ex) for ex in recorder.todo)
         live = [i for i in range(len(pool.actors)) if i not in pool.retired]
         idle = [w for _ in range(pool.concurrency) for w in live]  # one entry per free search slot, spread out
@@ -448,7 +449,8 @@ def _first_line(err: Exception) -> str:
 def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                  output_dir: str | Path, resume: bool = False, workers: int | None = None,
                  gpus_per_worker: float | None = None, cpus_per_worker: float = 1.0,
-                 concurrency: int = 1, search_timeout_s: float | None = None) -> dict[str, Any]:
+                 concurrency: int = 1, search_timeout_s: float | None = None,
+                 data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `seed-tot solve --ray` path: connect, start the pool, solve, stop the actors.
 
     workers None: as many as the cluster fits. gpus_per_worker None: 1 when the cluster has GPUs.
@@ -474,4 +476,4 @@ def solve_on_ray(address: str, spec: EngineSpec, task: Task, examples: Sequence[
     with EnginePool(spec, workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                     concurrency=concurrency) as pool:
         return solve_dataset_ray(pool, task, examples, settings=settings, output_dir=output_dir, resume=resume,
-                                 search_timeout_s=search_timeout_s)
+                                 search_timeout_s=search_timeout_s, data=data)

@@ -8,6 +8,11 @@ resumed run must match it: a resume with another mode, k_config, search shape or
 otherwise append its records beside the old ones and write a summary that labels all of them with
 the new settings. A directory without run.json (written before it existed) is checked against
 summary.json's settings when there is one.
+
+The data the records were made from is part of the identity too ("data", data_source.py): a resume
+that reads another source is refused, naming both. A run.json written before "data" was recorded
+is accepted and gets the resumed run's source added (the records' ids must still be among the
+requested problems: `ResultsRecorder` refuses a resume that would only add other problems).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any
 
 from seed_tot.engine.decode_spec import DRAFTING_MODES
 
+from .data_source import describe_source, same_source
 from .results_file import ResultsFileError
 
 RUN_FILE = "run.json"
@@ -26,29 +32,40 @@ _PROVENANCE = ("source", "task")
 
 
 def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
-                 models: dict[str, str] | None = None) -> dict[str, Any]:
+                 models: dict[str, str] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity a run's records share (`settings`: RunSettings.to_dict(); `algorithm`: the one
-    the run resolved; `models`: role -> model name, None when the caller does not know them)."""
+    the run resolved; `models`: role -> model name, None when the caller does not know them;
+    `data`: data_source.data_source(), None when the caller does not know it)."""
     kept = {k: v for k, v in settings.items() if k not in _PROVENANCE}
     kept["algorithm"] = algorithm
     identity: dict[str, Any] = {"task": task_name, "settings": kept}
     if models:
         identity["models"] = dict(models)
+    if data:
+        identity["data"] = dict(data)
     return identity
 
 
-def check_resumed_run(output_dir: str | Path, identity: dict[str, Any]) -> None:
+def check_resumed_run(output_dir: str | Path, identity: dict[str, Any]) -> bool:
     """Raise ResultsFileError, naming every setting that differs and the file it was read from, when
-    `identity` is not the one the directory's records were made with (`_comparable` says what counts)."""
+    `identity` is not the one the directory's records were made with (`_comparable` says what counts),
+    or naming both data sources when they differ. True when the directory records no data source
+    (written before it was recorded) and `identity` names one: the caller records it."""
     out = Path(output_dir)
     recorded, source = _recorded(out)
     if recorded is None:
-        return
+        return False
+    old_data, new_data = recorded.get("data"), identity.get("data")
+    if isinstance(old_data, dict) and isinstance(new_data, dict) and not same_source(old_data, new_data):
+        raise ResultsFileError(f"{source}: the records in {out} were made from {describe_source(old_data)}; "
+                               f"this run reads {describe_source(new_data)}: resume with the data they were "
+                               f"made from, or pass another --output")
     differences = _differences(_comparable(recorded), _comparable(identity))
     if differences:
         listed = "; ".join(f"{key}: {old!r} there, {new!r} now" for key, old, new in differences)
         raise ResultsFileError(f"{source}: the records in {out} were made with other settings ({listed}); "
                                f"resume with the same settings, or pass another --output")
+    return old_data is None and isinstance(new_data, dict)
 
 
 def recorded_models(output_dir: str | Path) -> dict[str, str] | None:

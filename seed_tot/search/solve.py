@@ -122,8 +122,10 @@ class ResultsRecorder:
     """
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
-                 output_dir: str | Path, resume: bool, models: dict[str, str] | None = None):
+                 output_dir: str | Path, resume: bool, models: dict[str, str] | None = None,
+                 data: dict[str, Any] | None = None):
         self.task, self.settings, self.algorithm, self.models = task, settings, algorithm, models or {}
+        self.data = data  # where the examples came from (data_source.py), None when the caller does not know
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
@@ -139,13 +141,13 @@ class ResultsRecorder:
 
     def _prepare(self, examples: Sequence[Example], resume: bool) -> None:
         task, settings, algorithm, models = self.task, self.settings, self.algorithm, self.models
+        # records made with other settings or data must not be appended to and summarised as these
+        # (run_identity.py); checked before results.jsonl is touched, so a refused resume changes nothing
+        identity = run_identity(task.name, settings.to_dict(), algorithm, models, self.data)
+        unrecorded_data = False
+        if resume and self.results_path.is_file() and self.results_path.stat().st_size > 0:
+            unrecorded_data = check_resumed_run(self.out, identity)
         self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
-        # records made with other settings must not be appended to and summarised as these (run_identity.py)
-        identity = run_identity(task.name, settings.to_dict(), algorithm, models)
-        if self.done:
-            check_resumed_run(self.out, identity)
-        if not self.done or not (self.out / RUN_FILE).is_file():
-            write_run_identity(self.out, identity)
         # Two different problems with one id would share one results line: refuse rather than
         # skip one. The very same problem listed twice is solved once.
         first: dict[tuple[str, str], int] = {}
@@ -156,6 +158,12 @@ class ResultsRecorder:
         check_unique_ids([ex.id for ex in distinct], [f"example {i}" for i in positions])
         check_same_problems(self.results_path, self.done, distinct)
         self.requested_ids = [ex.id for ex in distinct]
+        if unrecorded_data and self.done and not any(i in self.done for i in self.requested_ids):
+            raise ResultsFileError(f"{self.out / RUN_FILE} does not record the data its records were made from, and "
+                                   f"none of them is among the {len(distinct)} problems requested now: resume with "
+                                   f"the data they were made from, or pass another --output")
+        if not self.done or unrecorded_data or not (self.out / RUN_FILE).is_file():
+            write_run_identity(self.out, identity)
         pending = {ex.id: ex for ex in distinct if ex.id not in self.done}
         self.todo = [pending[i] for i in self.requested_ids if i in pending]
         if self.done:
@@ -230,12 +238,12 @@ class ResultsRecorder:
 
 
 def summarize_finished_run(task: Task, examples: Sequence[Example], settings: RunSettings,
-                           output_dir: str | Path) -> dict[str, Any] | None:
+                           output_dir: str | Path, data: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A resumed run with every requested problem already in results.jsonl: its summary, rewritten
     from the records with the models run.json names, so no engine is loaded for nothing to do;
     None when problems remain."""
     recorder = ResultsRecorder(task, examples, settings=settings, algorithm=resolve_algorithm(settings, None),
-                               output_dir=output_dir, resume=True, models=recorded_models(output_dir))
+                               output_dir=output_dir, resume=True, models=recorded_models(output_dir), data=data)
     try:
         return None if recorder.todo else recorder.write_summary()
     finally:
@@ -250,22 +258,23 @@ def model_names(engine: Any) -> dict[str, str]:
 
 def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Example], *, settings: RunSettings,
                   output_dir: str | Path, resume: bool = False, algorithm: str | None = None,
-                  concurrency: int = 1) -> dict[str, Any]:
+                  concurrency: int = 1, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Search every example, appending to output_dir/results.jsonl; write and return the summary.
 
     algorithm: "bfs" or "dfs"; None uses `settings.algorithm`. concurrency: problems searched at
     once on the one engine (each on its own thread with its own LLMCaller; in seed mode their
     sequences share the engine's batched draft and target forwards). Records are written as
     problems finish, so their order may differ from the data's; each problem keeps the seed of its
-    id, and a kill loses at most the `concurrency` problems in flight. Raises ResultsFileError when
-    results.jsonl already holds results and `resume` is False.
+    id, and a kill loses at most the `concurrency` problems in flight. data: where `examples` came
+    from (search/data_source.py), recorded in run.json; a resume from another source is refused.
+    Raises ResultsFileError when results.jsonl already holds results and `resume` is False.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be a positive number of problems, got {concurrency}")
     examples = check_examples(task, examples, given_by="solve_dataset was given")
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume, models=model_names(engine)) as recorder:
+                         resume=resume, models=model_names(engine), data=data) as recorder:
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:
