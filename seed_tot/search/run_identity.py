@@ -74,6 +74,13 @@ def recorded_models(output_dir: str | Path) -> dict[str, str] | None:
     return None if recorded is None else recorded.get("models")
 
 
+def recorded_policy(output_dir: str | Path) -> str | None:
+    """The draft policy run.json says ran (the engine's resolved name), when it names one."""
+    recorded, _ = _recorded(Path(output_dir))
+    policy = None if recorded is None else recorded.get("policy")
+    return policy if isinstance(policy, str) else None
+
+
 def write_run_identity(output_dir: str | Path, identity: dict[str, Any]) -> None:
     path = Path(output_dir) / RUN_FILE
     tmp = path.with_name(path.name + ".tmp")

@@ -30,7 +30,8 @@ from .node_work import search_with_node_work
 from .protocol import Example, Task, check_unique_ids
 from .results_file import (ResultsFileError, check_same_problems, json_default, lock_output, prepare_results_file,
                            summarize_records)
-from .run_identity import RUN_FILE, check_resumed_run, recorded_models, run_identity, write_run_identity
+from .run_identity import (RUN_FILE, check_resumed_run, recorded_models, recorded_policy, run_identity,
+                           write_run_identity)
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,9 @@ class ResultsRecorder:
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
                  output_dir: str | Path, resume: bool, models: dict[str, str] | None = None,
-                 data: dict[str, Any] | None = None):
+                 data: dict[str, Any] | None = None, policy: str | None = None):
         self.task, self.settings, self.algorithm, self.models = task, settings, algorithm, models or {}
+        self.policy = policy  # the draft policy that runs, by its real name (None: the mode drafts nothing)
         self.data = data  # where the examples came from (data_source.py), None when the caller does not know
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -144,6 +146,8 @@ class ResultsRecorder:
         # records made with other settings or data must not be appended to and summarised as these
         # (run_identity.py); checked before results.jsonl is touched, so a refused resume changes nothing
         identity = run_identity(task.name, settings.to_dict(), algorithm, models, self.data)
+        if self.policy:  # for the page of an interrupted run; not compared: a policy changes speed, not records
+            identity["policy"] = self.policy
         unrecorded_data = False
         if resume and self.results_path.is_file() and self.results_path.stat().st_size > 0:
             unrecorded_data = check_resumed_run(self.out, identity)
@@ -224,6 +228,8 @@ class ResultsRecorder:
         summary = summarize_records(self.records())
         # the model pair, for the run header of `seed-tot view`: the engine's, else the run's recorded ones
         summary.update({**self.models, **model_names(engine)})
+        if self.policy:
+            summary["policy"] = self.policy
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),
@@ -243,7 +249,8 @@ def summarize_finished_run(task: Task, examples: Sequence[Example], settings: Ru
     from the records with the models run.json names, so no engine is loaded for nothing to do;
     None when problems remain."""
     recorder = ResultsRecorder(task, examples, settings=settings, algorithm=resolve_algorithm(settings, None),
-                               output_dir=output_dir, resume=True, models=recorded_models(output_dir), data=data)
+                               output_dir=output_dir, resume=True, models=recorded_models(output_dir), data=data,
+                               policy=recorded_policy(output_dir))
     try:
         return None if recorder.todo else recorder.write_summary()
     finally:
@@ -254,6 +261,19 @@ def model_names(engine: Any) -> dict[str, str]:
     """role -> the engine's model name, for the roles it names (a wrapped or fake engine may not)."""
     names = {role: getattr(engine, f"{role}_name", None) for role in ("target", "draft")}
     return {role: name for role, name in names.items() if isinstance(name, str)}
+
+
+def policy_that_runs(engine: Any, settings: RunSettings) -> str | None:
+    """The draft policy a drafting mode runs on `engine`, "default" resolved (Engine.policy_name);
+    None for ar and parallel, or an engine that cannot say (an HTTP endpoint, a test's fake)."""
+    from seed_tot.engine.params import DRAFTING_MODES
+
+    decode = settings.decode
+    name_of = getattr(engine, "policy_name", None)
+    if decode.mode not in DRAFTING_MODES or not callable(name_of):
+        return None
+    name = name_of(decode.draft_policy, decode.mode, tuple(decode.k_config))
+    return name if isinstance(name, str) else None
 
 
 def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Example], *, settings: RunSettings,
@@ -274,7 +294,8 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     examples = check_examples(task, examples, given_by="solve_dataset was given")
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume, models=model_names(engine), data=data) as recorder:
+                         resume=resume, models=model_names(engine), data=data,
+                         policy=policy_that_runs(engine, settings)) as recorder:
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:

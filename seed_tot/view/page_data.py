@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from seed_tot.engine.decode_spec import DRAFTING_MODES
 from seed_tot.search.protocol import Example, State
 from seed_tot.search.results_file import summarize_records
+from seed_tot.search.run_identity import RUN_FILE
 from seed_tot.search.node_work import WORK_FIELDS
 from seed_tot.search.solve import RESULTS_FILE, SUMMARY_FILE
 
@@ -37,6 +39,7 @@ class Run:
     summary: dict[str, Any] | None
     records: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)  # what the run directory lacks, in words
+    identity: dict[str, Any] | None = None  # run.json: task, settings, models, policy (written before the first record)
 
 
 def load_run(directory: str | Path, label: str | None = None) -> Run:
@@ -69,26 +72,64 @@ def load_run(directory: str | Path, label: str | None = None) -> Run:
             summary = json.loads(summary_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             notes.append(f"{SUMMARY_FILE} does not parse ({err}); figures recomputed from {RESULTS_FILE}")
-    else:
-        notes.append(f"{SUMMARY_FILE} missing (run interrupted?): figures recomputed from {RESULTS_FILE}; "
-                     f"model pair and settings not recorded")
-    return Run(directory, label or directory.name, summary, records, notes)
+    identity = _read_identity(directory / RUN_FILE, notes)
+    if summary is None:
+        settings_from = f"model pair and settings from {RUN_FILE}" if identity else "model pair and settings not recorded"
+        if not summary_path.is_file():
+            notes.append(f"{SUMMARY_FILE} missing (run interrupted?): figures recomputed from {RESULTS_FILE}; "
+                         f"{settings_from}")
+    return Run(directory, label or directory.name, summary, records, notes, identity)
+
+
+def _read_identity(path: Path, notes: list[str]) -> dict[str, Any] | None:
+    """run.json, what the run was made with (an interrupted run has no summary.json to say it)."""
+    if not path.is_file():
+        return None
+    try:
+        identity = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        notes.append(f"{RUN_FILE} does not parse ({err})")
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def _policy_shown(settings: dict[str, Any], mode: str | None, k_config: Any) -> str | None:
+    """The policy a drafting run without a recorded one ran: the one its settings name, else the
+    default for its mode and k_config where that does not depend on the device."""
+    from seed_tot.engine.policies import default_policy_name
+
+    if settings.get("draft_policy"):
+        return str(settings["draft_policy"])
+    if mode is None or not isinstance(k_config, list):
+        return None
+    names = {device: default_policy_name(mode, tuple(k_config), device) for device in ("cpu", "cuda")}
+    return names["cpu"] if names["cpu"] == names["cuda"] else (
+        f"default ({names['cpu']} on a CPU, {names['cuda']} on a GPU; the device was not recorded)")
 
 
 def run_header(run: Run) -> dict[str, Any]:
     """The figures of a run's header; those no file records are None (the page prints "not recorded")."""
-    summary = run.summary or {}
+    # summary.json once a run ends; run.json (written before its first record) for an interrupted one
+    summary, identity = run.summary or {}, run.identity or {}
     figures = summarize_records(run.records)  # this file's records, whatever the summary covered
-    settings = summary.get("settings") or {}
+    settings = summary.get("settings") or identity.get("settings") or {}
     search = settings.get("search") or {}
+    models = identity.get("models") if isinstance(identity.get("models"), dict) else {}
+    mode = summary.get("mode") or settings.get("mode")
+    k_config = summary.get("k_config") or settings.get("k_config")
+    if mode is not None and mode not in DRAFTING_MODES:  # ar and parallel draft nothing: no policy to show
+        policy = k_config = options = f"none ({mode} drafts nothing)"
+    else:
+        policy = summary.get("policy") or identity.get("policy") or _policy_shown(settings, mode, k_config)
+        options = settings.get("policy_options") or ("none" if settings else None)
     mean_wall = figures.get("mean_wall_s") or 0.0
     return {
         "label": run.label, "directory": str(run.directory), "notes": run.notes,
-        "task": summary.get("task"), "algorithm": summary.get("algorithm"), "mode": summary.get("mode"),
-        "target": summary.get("target"), "draft": summary.get("draft"),
-        "policy": settings.get("draft_policy") or ("default" if settings else None),
-        "policy_options": settings.get("policy_options") or ("none" if settings else None),
-        "k_config": summary.get("k_config"), "temperature": search.get("temperature"),
+        "task": summary.get("task") or identity.get("task"),
+        "algorithm": summary.get("algorithm") or settings.get("algorithm"), "mode": mode,
+        "target": summary.get("target") or models.get("target"), "draft": summary.get("draft") or models.get("draft"),
+        "policy": policy, "policy_options": options,
+        "k_config": k_config, "temperature": search.get("temperature"),
         "depth": search.get("depth"), "n_generate": search.get("n_generate"), "breadth": search.get("breadth"),
         "n": figures["n"], "accuracy": figures.get("accuracy"), "mean_score": figures.get("mean_score"),
         "tokens_per_s": figures.get("tokens_per_s"), "acceptance_rate": figures.get("acceptance_rate"),

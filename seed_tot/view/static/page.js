@@ -267,6 +267,7 @@
   const wanted = decodeURIComponent(location.hash.slice(1));
   const at = DATA.problems.findIndex((p) => p.id === wanted);
   if (at >= 0) openProblem(at);
+  else if (DATA.problems.length === 1) openProblem(0);  // a one-problem page shows its tree at once
   document.body.dataset.readyMs = performance.now().toFixed(1);  // time to a usable page, for benchmarks/view_page.py
   document.body.dataset.ready = "1";
 })();
