@@ -9,10 +9,15 @@ DIR/utilization.png  one panel per mode, like the SEED paper's Fig. 4
 
 Times are seconds since `start()`. SEED events carry times relative to the scheduler's own start,
 whose `time.perf_counter()` the scheduler records in its "start" event, so they are placed exactly;
-the gap between the call's start and the scheduler's (prefill and scheduler setup) is drawn as its
-own span. (Events without that clock are aligned so the last one ends when the call returned.)
+the gap between the call's start and the scheduler's is drawn as "call setup". Prompt scoring is
+the engine's "prefill" events, timed around the prefill forwards themselves: the target's on the
+verifier track (it is the target's work, and counts in its busy time), the draft's on its own track.
+(Events without that clock are aligned so the last one ends when the call returned.)
 A verify span is the scheduler's view: from taking the batch off the queue until its rows are
 accepted and committed (the step loop runs both on one thread).
+
+A utilization.png panel's title and curve come from the same spans (`_busy_intervals`): the title's
+target busy is the curve's mean; bench's figure over every run of the mode sits beside it.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ log = logging.getLogger(__name__)
 SAMPLE_HZ = 40  # NVML polling rate (the brief asks for >= 20 Hz)
 BIN_S = 0.05  # bin width of the busy-fraction plot when there are no GPU samples
 PID = 1
-TID_SECTIONS, TID_CALLS, TID_TARGET, TID_WORKER0 = 1, 2, 3, 100
+TID_SECTIONS, TID_CALLS, TID_TARGET, TID_DRAFT_PREFILL, TID_WORKER0 = 1, 2, 3, 4, 100
 NO_GPU_LABEL = "target busy (engine events), no GPU"
 
 
@@ -235,7 +240,8 @@ class TraceRecorder:
         events: list[dict] = [_meta("process_name", 0, f"seed-tot {self.name}")]
         workers = sorted({e["worker"] for c in self.calls for e in c.events if "worker" in e})
         names = [(TID_SECTIONS, "sections"), (TID_CALLS, "generate calls (ToT steps)"),
-                 (TID_TARGET, "target verifier")] + [(TID_WORKER0 + w, f"draft worker {w}") for w in workers]
+                 (TID_TARGET, "target verifier"), (TID_DRAFT_PREFILL, "draft prompt scoring")] + [
+                     (TID_WORKER0 + w, f"draft worker {w}") for w in workers]
         for tid, name in names:
             events += [_meta("thread_name", tid, name), _meta("thread_sort_index", tid, sort_index=tid)]
         if self.sampler.unavailable:
@@ -264,10 +270,14 @@ class TraceRecorder:
             return out
         offset = _event_offset(call, self.t0)
         if offset > call.start:
-            out.append(_span(TID_TARGET, "prefill + scheduler setup", call.start, offset))
+            out.append(_span(TID_TARGET, "call setup", call.start, offset))
         queue = [(call.start, 0)]
         for e in call.events:
-            if e["type"] == "draft":
+            if e["type"] == "prefill":  # prompt scoring, timed around its forwards
+                tid = TID_TARGET if e["model"] == "target" else TID_DRAFT_PREFILL
+                out.append(_span(tid, f"{e['model']} prefill ({e['prompts']} prompts)", offset + e["start"],
+                                 offset + e["end"]))
+            elif e["type"] == "draft":
                 out.append(_span(TID_WORKER0 + e["worker"], "draft", offset + e["start"], offset + e["end"],
                                  {"tokens": e["tokens"]}))
             elif e["type"] in ("enqueue", "queue"):
@@ -280,6 +290,14 @@ class TraceRecorder:
         return out
 
     # ------------------------------------------------------------------ figure
+    def curve_busy(self, calls: list[_Call]) -> float:
+        """The target busy fraction a panel's curve shows: the mean of `busy_series` over its calls'
+        window, bins weighted by their width (the last one may be cut short)."""
+        xs, busy = self.busy_series(calls)
+        stop = max(c.end for c in calls) - calls[0].start
+        widths = [min(BIN_S, stop - x) for x in xs]
+        return sum(b * w for b, w in zip(busy, widths)) / stop if stop > 0 else 0.0
+
     def busy_series(self, calls: list[_Call]) -> tuple[list[float], list[float]]:
         """(bin start times relative to the first call, target busy fraction per BIN_S bin)."""
         origin, stop = calls[0].start, max(c.end for c in calls)
@@ -320,9 +338,10 @@ class TraceRecorder:
                 ys = [100 * f for f in fractions]
                 ax.set_ylabel(NO_GPU_LABEL, fontsize=7)
             ax.step(xs, ys, where="post", linewidth=1)
-            # the headline is the table's target busy, over every run of the mode; the curve shows
-            # how the first run spreads it over time (its bins are capped at 100%)
-            busy = f"target busy {self.target_busy_fraction(label):.0%}"
+            # the title's target busy is the curve's (the same spans, the same run); bench's table figure,
+            # over every run of the mode, is named beside it
+            busy = (f"target busy {self.curve_busy(calls):.0%} in the run drawn, "
+                    f"{self.target_busy_fraction(label):.0%} over every run")
             if gpu:
                 busy = f"GPU utilization mean {sum(ys) / len(ys) if ys else 0.0:.0f}%, {busy}"
             ax.set_title(f"{label}: {busy}; curve: its first run, {stop - origin:.2f} s", fontsize=9)
@@ -367,20 +386,24 @@ def _verify_groups(events: list[dict]) -> list[tuple[tuple[float, float], list[d
 
 def _busy_intervals(calls: list[_Call], clock_origin: float) -> list[tuple[float, float, float]]:
     """(start, end, busy fraction) of the target, so that each call adds up to its measured
-    target_busy_s (the number the bench table reports). SEED: the verify spans and the prefill
-    window, scaled down together; the spans are the scheduler's view and also hold the hand-off
-    to and from the target thread, which on a CPU (GIL shared with the draft threads) can be
-    most of the span. Other modes: the whole call at target_busy_s / wall_s."""
+    target_busy_s (the number the bench table reports). Step-loop calls: the target's prompt
+    scoring spans at its measured target_prefill_s, the verify spans at the rest; each group scaled
+    down to its measured time (the verify spans are the scheduler's view and also hold the hand-off
+    to and from the target thread, which on a CPU, GIL shared with the draft threads, can be most
+    of the span). Calls whose events carry no prefill: the verify spans hold all of target_busy_s.
+    Other modes: the whole call at target_busy_s / wall_s."""
     out = []
     for call in calls:
         if call.events:
             offset = _event_offset(call, clock_origin)
-            spans = [(offset + s, offset + e) for (s, e), _ in _verify_groups(call.events)]
-            if offset > call.start:
-                spans.append((call.start, offset))
-            occupied = sum(e - s for s, e in spans)
-            scale = min(1.0, call.stats.target_busy_s / occupied) if occupied > 0 else 0.0
-            out += [(s, e, scale) for s, e in spans]
+            verify = [(offset + s, offset + e) for (s, e), _ in _verify_groups(call.events)]
+            prefill = [(offset + e["start"], offset + e["end"]) for e in call.events
+                       if e["type"] == "prefill" and e["model"] == "target"]
+            verify_s = call.stats.target_busy_s - (call.stats.target_prefill_s if prefill else 0.0)
+            for spans, measured in ((prefill, call.stats.target_prefill_s), (verify, verify_s)):
+                occupied = sum(e - s for s, e in spans)
+                scale = min(1.0, max(0.0, measured) / occupied) if occupied > 0 else 0.0
+                out += [(s, e, scale) for s, e in spans]
         else:
             out.append((call.start, call.end, call.stats.target_busy_fraction))
     return out

@@ -209,7 +209,7 @@ def test_seed_events_are_placed_at_the_schedulers_recorded_clock(tmp_path):
     call = _Call("seed", 1.0, 2.0, None, GenerationStats(target_busy_s=0.35, wall_s=1.0), events)
     spans = [e for e in recorder._call_events(call) if e["ph"] == "X" and e["tid"] == TID_TARGET]
     assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [
-        ("prefill + scheduler setup", 1.0e6, 0.25e6), ("verify x1", 1.25e6, 0.1e6)]
+        ("call setup", 1.0e6, 0.25e6), ("verify x1", 1.25e6, 0.1e6)]
 
 
 def test_busy_fraction_is_the_share_of_each_bin_spent_verifying(tmp_path):

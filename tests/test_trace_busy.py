@@ -47,7 +47,7 @@ def test_without_sections_a_modes_run_is_the_span_of_its_calls(tmp_path):
     assert recorder.target_busy_fraction("seed") == pytest.approx(0.8)
 
 
-def test_each_panel_title_carries_the_tables_target_busy(tmp_path, monkeypatch):
+def test_each_panel_title_carries_the_tables_target_busy_over_every_run(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
     titles = []
@@ -56,7 +56,7 @@ def test_each_panel_title_carries_the_tables_target_busy(tmp_path, monkeypatch):
     recorder.finish()
     assert [t.split(":")[0] for t in titles] == ["parallel", "seed"]
     for title, label in zip(titles, ("parallel", "seed")):
-        assert f"target busy {rows[label]['target_busy_fraction']:.0%}" in title
+        assert f"{rows[label]['target_busy_fraction']:.0%} over every run" in title
 
 
 def test_trace_names_the_png_and_the_csv_and_says_why_the_csv_is_empty(tmp_path, monkeypatch):

@@ -369,16 +369,20 @@ class Engine:
         store = self.prefix_stores["draft"] if self.target_hidden is None else None  # as _prefill_shared reads it
         return tokens_to_score(self.draft_runtime, [seq.prompt for seq in seqs], store)
 
-    def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> None:
+    def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> list[dict]:
         """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
         prompt share its whole prefix KV, prompts with a long common beginning share that, and a
-        beginning scored by an earlier call is forked from the model's PrefixStore."""
+        beginning scored by an earlier call is forked from the model's PrefixStore. Returns when each
+        model scored them ({"model", "start", "end"}, time.perf_counter()): the scheduler puts them in
+        the call's timeline, so a trace draws prompt scoring with its real duration."""
         prompts = [seq.prompt for seq in seqs]
         reads_features = with_draft and self.target_hidden is not None
+        marks = [{"model": "target", "start": time.perf_counter()}]
         if reads_features:  # the drafter's prefill reads the target's hidden states of the prompt
             caches, costs, hidden = prefill_prompts(self.target_runtime, prompts, hidden=self.target_hidden)
         else:
             caches, costs = prefill_prompts(self.target_runtime, prompts, store=self.prefix_stores["target"])
+        marks[-1]["end"] = time.perf_counter()
         for seq, kv, cost in zip(seqs, caches, costs):
             seq.target = kv
             seq.stats.target_busy_s += cost.busy_s
@@ -395,8 +399,10 @@ class Engine:
                 features.append(seq.features.slots(0, len(seq.prompt) - 1))
                 seq.features.drop_before(len(seq.prompt) - 2)  # the first round's pending token reads f_{P-2}
         if with_draft:
+            marks.append({"model": "draft", "start": time.perf_counter()})
             caches, costs = prefill_prompts(self.draft_runtime, prompts, features=features,
                                             store=self.prefix_stores["draft"])
+            marks[-1]["end"] = time.perf_counter()
             for seq, kv, cost in zip(seqs, caches, costs):
                 seq.draft = kv
                 seq.stats.draft_prefills += cost.forwards
@@ -404,6 +410,7 @@ class Engine:
         else:
             for seq in seqs:
                 seq.draft = None
+        return marks
 
     def policy_name(self, draft_policy: str | None = None, mode: str = "seed", k_config: tuple[int, ...] = (1,)) -> str:
         """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else

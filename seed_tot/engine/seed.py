@@ -245,7 +245,10 @@ class SeedScheduler:
                 continue
             try:
                 if call.prepare is not None:
-                    call.prepare()
+                    # its prompt scoring, on the call's clock: a trace draws it as the target's work it is
+                    for mark in call.prepare() or ():
+                        call.events.append({"type": "prefill", "model": mark["model"], "start": mark["start"] - call.t0,
+                                            "end": mark["end"] - call.t0, "prompts": len(call.seqs)})
             except Exception as err:
                 self._end(call, err)
                 continue
