@@ -189,7 +189,7 @@ def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int,
     settings; None skips it); `on_run(reports, report, round)` after every timed run.
 
     Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
-    last would otherwise carry the drift into every ratio (seen here: ~30% within a session).
+    last would otherwise carry the drift into every ratio (seen here: ~30% within one sitting).
     Warm-ups inside the first round rather than all first: a run cut short (a device call's time
     limit) has then timed every mode it warmed up, and on_run has reported it."""
     import torch

@@ -1,5 +1,5 @@
 """The engine on CUDA: every mode, through the step loop and the CUDA-graph forwards, gives the
-target's own greedy tokens. Skipped where there is no CUDA device (CI's CPU); a GPU session runs it."""
+target's own greedy tokens. Skipped where there is no CUDA device (CI's CPU); a GPU machine runs it."""
 from __future__ import annotations
 
 import warnings

@@ -39,7 +39,7 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
 
 
 def test_the_gpu_step_probe_profiles_the_engines_step_on_the_cpu_preset():
-    """benchmarks/gpu_step.py is what a GPU session runs to see where a step's time goes: its profile
+    """benchmarks/gpu_step.py is what a GPU machine runs to see where a step's time goes: its profile
     probe must run end to end (here on the tiny preset on the CPU, where it skips the kernel table)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "profile", "--preset", "tiny",
                            "--rows", "2", "--prompt-len", "20"], capture_output=True, text=True, timeout=600)

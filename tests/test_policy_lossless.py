@@ -28,7 +28,7 @@ def _policy(name: str, draft):
 
 CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]
          + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature"), ("auto-load", "seed", "temperature")]
-         # sd with SpecDec++'s head and mcsd with OPT-Tree's trees (gaps in session 32's audit of the matrix)
+         # sd with SpecDec++'s head and mcsd with OPT-Tree's trees (gaps in the 2026-11-26 (d92b9b3) entry's audit of the matrix)
          + [("specdec", "sd", "temperature"), ("opt-tree", "mcsd", "temperature")])
 
 

@@ -57,7 +57,7 @@ def test_malformed_points_name_what_was_expected(ceiling, text):
 
 
 def test_the_drafts_prefill_is_paid_on_top_of_the_decode_ratio(ceiling):
-    # session 31's Qwen tot-step: target prompts 53% of parallel's wall, the 0.5B's prompts 17% more
+    # the 2026-11-26 (956e5da) entry's Qwen tot-step: target prompts 53% of parallel's wall, the 0.5B's prompts 17% more
     assert ceiling.over_workload(1.18, 0.53, 0.17) == pytest.approx(1 / (0.53 + 0.47 / 1.18 + 0.17))
     assert ceiling.over_workload(1.18, 0.53, 0.17) < 1.0 < ceiling.over_workload(1.18, 0.53)
     assert ceiling.over_workload(1.5, 0.0, 0.0) == pytest.approx(1.5)

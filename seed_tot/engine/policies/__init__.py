@@ -53,8 +53,8 @@ __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "Tree
 # seed's policy where no call, engine or drafter names one, by the target's device type (any other: fixed).
 # On a CPU, seed's fixed chains lose to parallel at a ToT step's load, where auto declines the draft its
 # load cannot repay. On a GPU auto's per-round plan is host work (it grows with rows) whose worth no
-# device has measured yet, so CUDA keeps fixed chains until a GPU session compares the two
-# (docs/benchmarks.md, "seed drafts only where it pays, session 37").
+# device has measured yet, so CUDA keeps fixed chains until a run on a GPU compares the two
+# (docs/benchmarks.md, "seed drafts only where it pays, 2026-11-27 (e6feac8)").
 SEED_DEFAULTS = {"cpu": "auto"}
 
 
