@@ -1,7 +1,6 @@
 """The project speaks of itself by dates, commits and versions: no tracked file names a numbered work
 period (the word session and a number), and no figure file carries one in its name (the old `-sNN`
-suffix; figures are
-named `…-YYYY-MM-DD-<commit>…`, the date and commit of the journal entry that recorded them)."""
+suffix; figures are named `…-YYYY-MM-DD-<commit>…`, the date and commit of the journal entry that recorded them)."""
 from __future__ import annotations
 
 import re
