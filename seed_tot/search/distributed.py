@@ -35,7 +35,7 @@ from .config import RunSettings
 from .expansion import check_examples
 from .llm import GenerationEngine, LLMCaller
 from .protocol import Example, Task
-from .solve import ResultsRecorder, model_names, resolve_algorithm, solve_example
+from .solve import ResultsRecorder, model_names, policy_that_runs, resolve_algorithm, solve_example
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,10 @@ class EngineWorker:
         """The engine's model pair by name, for the run's summary (every actor loads the same spec)."""
         return SimpleNamespace(target_name=getattr(self.engine, "target_name", None),
                                draft_name=getattr(self.engine, "draft_name", None))
+
+    def policy_name(self, settings: RunSettings) -> str | None:
+        """The draft policy this engine runs for `settings` (run.json and summary.json name it)."""
+        return policy_that_runs(self.engine, settings)
 
     def solve(self, task: Task, settings: RunSettings, algorithm: str, example: Example) -> dict[str, Any]:
         caller = LLMCaller(self.engine, settings.decoding())
@@ -305,9 +309,11 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
     algorithm = resolve_algorithm(settings, algorithm)
     task_ref = ray.put(task)  # shipped once, not once per problem
     # the actors' model names, as a single-process run records its engine's: a resume with other models is
-    # refused whichever way it crosses, and run.json names what made the records
+    # refused whichever way it crosses, and run.json names what made the records (and the policy that runs)
+    first = next((i for i in range(len(pool.actors)) if i not in pool.retired), 0)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume, models=model_names(pool.model_names), data=data) as recorder:
+                         resume=resume, models=model_names(pool.model_names), data=data,
+                         policy=ray.get(pool.actors[first].policy_name.remote(settings))) as recorder:
         queue = deque(_Job(ex) for ex in recorder.todo)
         live = [i for i in range(len(pool.actors)) if i not in pool.retired]
         idle = [w for _ in range(pool.concurrency) for w in live]  # one entry per free search slot, spread out
