@@ -21,9 +21,21 @@ log = logging.getLogger("seed_tot")
 class _Main(click.Group):
     """Bad input (data, config, model paths) ends in one clear line, not a traceback."""
 
+    def main(self, *args, **kwargs):
+        from seed_tot.interrupt import CtrlC
+
+        restore = CtrlC().install()  # Ctrl-C stops every command within seconds, a second one at once
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            restore()
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as err:  # one line and exit 130, not click's "Aborted!" (seed_tot/interrupt.py)
+            from seed_tot.interrupt import finish
+            finish(err)
         except (ValueError, OSError) as err:
             log.debug("command failed", exc_info=True)
             raise click.ClickException(str(err)) from err

@@ -40,11 +40,28 @@ DATA_FILE = "data.safetensors"
 def train_head_command(target, draft, draft_layers, device, dtype, data_file, max_examples, steps, out_dir,
                        max_new_tokens, temperature, top_k, top_p, mix_rate, w_rej, layers, seed):
     """Generate acceptance data with the target and draft, then train the head (progress on stderr)."""
+    from seed_tot import Engine, SamplingParams
+
+    from . import checkpoints
+
+    refuse_test_split(data_file, "train heads")
+    out = Path(out_dir)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
+    try:
+        _generate_and_train(engine, out, params, data_file, max_examples, steps, max_new_tokens, temperature, top_k,
+                            top_p, mix_rate, w_rej, layers, seed)
+    except KeyboardInterrupt as err:  # the line says what was kept
+        from seed_tot.interrupt import Interrupted
+        raise Interrupted(lambda: checkpoints.interrupted(out, DATA_FILE)) from err
+
+
+def _generate_and_train(engine, out, params, data_file, max_examples, steps, max_new_tokens, temperature, top_k, top_p,
+                        mix_rate, w_rej, layers, seed) -> None:
     import torch
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
-    from seed_tot import Engine, SamplingParams
     from seed_tot.engine.policies.head import AcceptanceHead, save_head
     from seed_tot.tasks.loading import load_records
 
@@ -52,10 +69,6 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
     from .specdec_data import HeadData, generate_data
     from .specdec_train import train_head
 
-    refuse_test_split(data_file, "train heads")
-    out = Path(out_dir)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
     trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
                    "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
                    "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples,
