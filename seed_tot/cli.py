@@ -255,6 +255,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.decode.mode])
+    _prepare_policy(engine, settings)  # a first run's calibration, before the clocks of the wall and the first problem
     start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
@@ -262,6 +263,13 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if view_page:
         write_run_page(output, task)
     _echo_summary(summary, output, as_json, time.perf_counter() - start)
+
+
+def _prepare_policy(engine, settings) -> None:
+    from seed_tot import SamplingParams
+    from seed_tot.engine.policy_warmup import prepare_policy
+
+    prepare_policy(engine, settings.decode, SamplingParams(temperature=settings.search.temperature))
 
 
 def _echo_summary(summary: dict, output: str, as_json: bool, wall_s: float) -> None:
