@@ -66,7 +66,8 @@ def _generate_and_train(engine, out, params, data_file, max_examples, steps, max
     from seed_tot.tasks.loading import load_records
 
     from . import checkpoints
-    from .specdec_data import HeadData, generate_data
+    from .response_bar import ResponseBar
+    from .specdec_data import GEN_BATCH, HeadData, generate_data
     from .specdec_train import train_head
 
     trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
@@ -83,8 +84,8 @@ def _generate_and_train(engine, out, params, data_file, max_examples, steps, max
         checkpoints.check_same_data(out, meta_path, trained_for)
         records = load_records(data_file, required=("question",), limit=max_examples)
         prompts = engine.encode([engine.render_prompt(r["question"]) for r in records])
-        with tqdm(total=len(prompts), desc="target responses + labels", unit="prompt") as bar:
-            data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.update(1))
+        with ResponseBar(len(prompts), GEN_BATCH, desc="target responses + labels") as bar:
+            data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.done(1))
         out.mkdir(parents=True, exist_ok=True)
         save_file({"hidden": data.hidden.contiguous(), "labels": data.labels.contiguous(),
                    "prompt": data.prompt.contiguous()}, str(data_path))

@@ -109,6 +109,7 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
                                special_ids, split_questions, task_prompts, unpack)
     from . import checkpoints
     from .drafter_train import heldout_tau, train_drafter
+    from .response_bar import ResponseBar
     from .soft_labels import target_soft_labels
     from seed_tot.engine.forward_thread import stop_point
 
@@ -144,8 +145,8 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         gen_s = json.loads(cost_path.read_text())["generate_s"] if cost_path.is_file() else time.perf_counter() - gen_start
     else:
         checkpoints.check_same_data(out, meta_path, data_meta)
-        with tqdm(total=len(train_prompts), desc="target responses", unit="prompt") as bar:
-            samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=_stoppable(bar.update))
+        with ResponseBar(len(train_prompts), gen_batch) as bar:
+            samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.done)
         out.mkdir(parents=True, exist_ok=True)
         save_file(pack(samples), str(data_path))
         meta_path.write_text(json.dumps(data_meta, indent=2) + "\n", encoding="utf-8")
