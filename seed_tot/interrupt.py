@@ -69,7 +69,7 @@ def _exit_now(line: str) -> None:
     os._exit(EXIT_CODE)
 
 
-def finish(err: KeyboardInterrupt, default: str = "nothing was saved") -> None:
+def finish(err: KeyboardInterrupt, default: str = "stopped before it finished") -> None:
     """After a Ctrl-C unwound the command: stop and wait for its threads, print one line, exit 130."""
     from seed_tot.engine.forward_thread import drain_all, stop_all
 
