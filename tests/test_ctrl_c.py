@@ -86,12 +86,13 @@ def test_ctrl_c_stops_train_drafter_while_it_generates(tmp_path, tiny_model_dirs
     assert not (tmp_path / "drafter" / "data.safetensors").exists()  # generation stopped, did not run on to the end
 
 
-def test_ctrl_c_stops_a_solve_and_resume_loses_nothing(tmp_path, tiny_model_dirs):
+@pytest.mark.parametrize("concurrency", ["1", "2"])
+def test_ctrl_c_stops_a_solve_and_says_what_resume_finishes(tmp_path, tiny_model_dirs, concurrency):
     target, draft = tiny_model_dirs
     out = tmp_path / "run"
     args = ["solve", "gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--mode", "seed", "--draft-policy", "fixed",
             "--target", target, "--draft", draft, "--temperature", "0", "--max-new-tokens", "200",
-            "--concurrency", "2", "--output", str(out)]
+            "--concurrency", concurrency, "--output", str(out)]
     cmd = Command(*args)
     cmd.wait_for("gsm8k:")  # the progress bar: models loaded, searches started
     time.sleep(1.0)
