@@ -178,9 +178,10 @@ def build_policy(engine, spec: ModeSpec, params) -> None:
     """Build a drafting mode's draft policy (the one its calls will run) before its runs: building
     may time this machine's forwards (auto's calibration: on a CPU a minute or more for a pair of 1B
     models, once per machine), and a timed run, or a warm-up that --warmup 0 leaves out, must not carry it."""
-    d = spec.decode
-    if d.mode in DRAFTING_MODES and params is not None:
-        engine.policy(d.mode, d.k_config, params, d.draft_policy, d.options)
+    from seed_tot.engine.policy_warmup import prepare_policy
+
+    if params is not None:
+        prepare_policy(engine, spec.decode, params)  # says (-v) when it calibrates and how long it took
 
 
 def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
