@@ -57,6 +57,7 @@ from seed_tot.cli_options import (check_data_file, check_mode_options, check_pol
                                   given_options, load_engine, model_options, one_of_later, parse_k_config)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec, DecodeSpecError
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
+from seed_tot.run_progress import RunProgress, bench_plan, few_repeats_warning
 
 WORKLOADS = ("thoughts", "tot-step", "tot-gsm8k", "tot-creative-writing", "tot-blocksworld")
 DEFAULT_THOUGHT_TOKENS = 64
@@ -177,9 +178,10 @@ def build_policy(engine, spec: ModeSpec, params) -> None:
     """Build a drafting mode's draft policy (the one its calls will run) before its runs: building
     may time this machine's forwards (auto's calibration: on a CPU a minute or more for a pair of 1B
     models, once per machine), and a timed run, or a warm-up that --warmup 0 leaves out, must not carry it."""
-    d = spec.decode
-    if d.mode in DRAFTING_MODES and params is not None:
-        engine.policy(d.mode, d.k_config, params, d.draft_policy, d.options)
+    from seed_tot.engine.policy_warmup import prepare_policy
+
+    if params is not None:
+        prepare_policy(engine, spec.decode, params)  # says (-v) when it calibrates and how long it took
 
 
 def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int, recorder=None,
@@ -191,31 +193,42 @@ def bench_modes(engine, workload: Workload, specs: list[ModeSpec], repeats: int,
     Rounds rather than mode after mode: on a shared or thermally drifting machine a mode measured
     last would otherwise carry the drift into every ratio (seen here: ~30% within one sitting).
     Warm-ups inside the first round rather than all first: a run cut short (a device call's time
-    limit) has then timed every mode it warmed up, and on_run has reported it."""
+    limit) has then timed every mode it warmed up, and on_run has reported it. Each run is shown as
+    it goes (run_progress.py)."""
+    reports = [ModeReport(spec) for spec in specs]
+    timed = [recorder.wrap(engine, label=spec.label) if recorder else engine for spec in specs]
+    progress = RunProgress(bench_plan([spec.label for spec in specs], repeats, warmup))
+    with contextlib.closing(progress):
+        for i in range(1, repeats + 1):
+            for report, eng in zip(reports, timed):
+                _run_mode(engine, workload, report, eng, i, warmup, params, recorder, progress)
+                if on_run:
+                    on_run(reports, report, i)
+    return reports
+
+
+def _run_mode(engine, workload: Workload, report: ModeReport, timed, i: int, warmup: int, params, recorder,
+              progress: RunProgress) -> None:
+    """Round i's timed run of one mode (its policy and warm-ups first in round 1)."""
     import torch
 
     device = engine.target.device
-    reports = [ModeReport(spec) for spec in specs]
-    timed = [recorder.wrap(engine, label=spec.label) if recorder else engine for spec in specs]
-    for i in range(1, repeats + 1):
-        click.echo(f"round {i} of {repeats}: {', '.join(spec.label for spec in specs)}", err=True)
-        for report, eng in zip(reports, timed):
-            if i == 1:
-                build_policy(engine, report.spec, params)
-                click.echo(f"{report.spec.label}: {warmup} warm-up run(s)", err=True)
-                for _ in range(warmup):
-                    _run_once(engine, workload, report.spec, 0)  # warm-up: kernels, allocator, caches; not timed
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            with (recorder.section(f"{report.spec.label} run {i}") if recorder else contextlib.nullcontext()):
-                report.runs.append(_run_once(eng, workload, report.spec, i))
-            if device.type == "cuda":
-                report.peak_memory_mib = max(report.peak_memory_mib, torch.cuda.max_memory_allocated(device) / 2**20)
-            else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
-                report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            if on_run:
-                on_run(reports, report, i)
-    return reports
+    if i == 1:
+        build_policy(engine, report.spec, params)
+        for _ in range(warmup):
+            progress.begin()
+            _run_once(engine, workload, report.spec, 0)  # warm-up: kernels, allocator, caches; not timed
+            progress.end()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    progress.begin()
+    with (recorder.section(f"{report.spec.label} run {i}") if recorder else contextlib.nullcontext()):
+        report.runs.append(_run_once(timed, workload, report.spec, i))
+    progress.end()
+    if device.type == "cuda":
+        report.peak_memory_mib = max(report.peak_memory_mib, torch.cuda.max_memory_allocated(device) / 2**20)
+    else:  # ru_maxrss is KiB on Linux; it is the process's high-water mark, not this mode's
+        report.peak_memory_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class RowStream:
@@ -462,6 +475,8 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
                f"torch {env['torch']} | {env['date']}")
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
+    if (note := few_repeats_warning(repeats)) is not None:
+        click.echo(note, err=True)
     if json_file:
         stream.write(rows)
         click.echo(f"results written to {json_file}", err=True)

@@ -21,9 +21,21 @@ log = logging.getLogger("seed_tot")
 class _Main(click.Group):
     """Bad input (data, config, model paths) ends in one clear line, not a traceback."""
 
+    def main(self, *args, **kwargs):
+        from seed_tot.interrupt import CtrlC
+
+        restore = CtrlC().install()  # Ctrl-C stops every command within seconds, a second one at once
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            restore()
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as err:  # one line and exit 130, not click's "Aborted!" (seed_tot/interrupt.py)
+            from seed_tot.interrupt import finish
+            finish(err)
         except (ValueError, OSError) as err:
             log.debug("command failed", exc_info=True)
             raise click.ClickException(str(err)) from err
@@ -155,6 +167,9 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @click.option("--k-config", callback=parse_k_config, default=None,
               help="sd/mcsd/seed: draft tree shape, e.g. 1,1,1 (a chain) or 2,2,1 (default: the config's).")
 @click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None, help="Tree search (default: the config's).")
+@click.option("--depth", type=int, default=None, help="ToT steps per problem (default: the config's).")
+@click.option("--breadth", type=int, default=None, help="States kept per step (default: the config's).")
+@click.option("--n-generate", type=int, default=None, help="Thoughts generated per state (default: the config's).")
 @click.option("--temperature", type=float, default=None, help="Of every call, 0 = greedy (default: the config's).")
 @click.option("--max-new-tokens", type=int, default=None, help="Caps every call (default: the config's).")
 @click.option("--n-workers", type=int, callback=decode_setting("n_workers"), default=None,
@@ -188,7 +203,7 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
               help="With --ray: a problem's search still running after this long is recorded as failed (--resume "
                    "tries it again) and its engine replaced by a new one [default: no limit].")
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
-          algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
+          algorithm, depth, breadth, n_generate, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
           search_timeout, view_page, as_json):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
@@ -216,7 +231,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if not resume and results.is_file() and results.stat().st_size > 0:  # fail before loading models
         raise click.UsageError(f"{results} already holds results: pass --resume to continue it, or another --output")
     check_output_free(Path(output))  # another run writing there fails now, not after the models load
-    settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
+    settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, depth=depth, breadth=breadth,
+                               n_generate=n_generate, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
                                draft_batch=draft_batch, seed=seed,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
@@ -242,6 +258,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
         return
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.decode.mode])
+    _prepare_policy(engine, settings)  # a first run's calibration, before the clocks of the wall and the first problem
     start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
         summary = solve_dataset(tracer.wrap(engine), task, examples, settings=settings, output_dir=output, resume=resume,
@@ -249,6 +266,13 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     if view_page:
         write_run_page(output, task)
     _echo_summary(summary, output, as_json, time.perf_counter() - start)
+
+
+def _prepare_policy(engine, settings) -> None:
+    from seed_tot import SamplingParams
+    from seed_tot.engine.policy_warmup import prepare_policy
+
+    prepare_policy(engine, settings.decode, SamplingParams(temperature=settings.search.temperature))
 
 
 def _echo_summary(summary: dict, output: str, as_json: bool, wall_s: float) -> None:
@@ -393,6 +417,7 @@ class _tracing:
 
 def _register_bench() -> None:
     from seed_tot.bench import bench
+    from seed_tot.tasks_command import tasks_command
     from seed_tot.training.cli import train_head_command
     from seed_tot.training.drafter_cli import train_drafter_command
     from seed_tot.training.vocab_cli import drafter_vocab_command
@@ -401,6 +426,7 @@ def _register_bench() -> None:
     main.add_command(train_head_command)
     main.add_command(train_drafter_command)
     main.add_command(view_command)
+    main.add_command(tasks_command)
 
 
 _register_bench()

@@ -74,6 +74,12 @@ class Blocksworld:
 
     # --- data -----------------------------------------------------------------------------
 
+    @property
+    def default_data(self) -> str:
+        """What load(None) solves, in words (`seed-tot tasks`)."""
+        return (f"{self.n_random} random {self.n_blocks}-block instances with {self.plan_length}-action optimal "
+                f"plans, generated from seed {self.seed}")
+
     def load(self, path: str | None = None, limit: int | None = None, offset: int = 0) -> list[Example]:
         """Records `{"id", "problem_pddl", "gold_plan"?}` from a JSONL file; with no path, random
         instances whose optimal plan has `plan_length` actions (there is no Hub dataset)."""

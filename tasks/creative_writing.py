@@ -121,6 +121,7 @@ class CreativeWriting:
     """The `Task` for Creative Writing; `prompts` defaults to seed_tot/prompts/creative_writing.yaml."""
 
     name = "creative_writing"
+    default_data = "none: pass --data PATH, a text file with 4 sentences per line"  # `seed-tot tasks`
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

@@ -114,6 +114,7 @@ class GSM8K:
     """The `Task` for GSM8K; `prompts` defaults to seed_tot/prompts/gsm8k.yaml."""
 
     name = "gsm8k"
+    default_data = f"the Hub dataset {HUB[0]} ({HUB[1]}, {HUB[2]} split)"  # what load(None) reads (`seed-tot tasks`)
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

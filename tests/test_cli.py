@@ -197,3 +197,39 @@ def test_a_prompt_file_saved_with_a_byte_order_mark_reads_as_its_text(tmp_path, 
     from_file = run("generate", "--prompt-file", str(marked), *args)
     given = run("generate", "Tom has 3 apples.", *args)
     assert from_file.splitlines()[:2] == given.splitlines()[:2]  # header and completion (the mark was a prompt token)
+
+
+def test_solve_search_flags_set_the_config_keys_over_the_yaml(tmp_path, tiny_model_dirs):
+    """--depth/--breadth/--n-generate are the YAML keys depth/breadth/n_generate; a flag wins over the file."""
+    target, draft = tiny_model_dirs
+    config = tmp_path / "run.yaml"
+    config.write_text("depth: 3\nbreadth: 2\nn_generate: 2\n")
+    _, out_dir = _solve(tmp_path, target, draft, "ar", "flags", "--config", str(config), "--depth", "1",
+                        "--breadth", "1", "--n-generate", "1")
+    search = json.loads((out_dir / "summary.json").read_text())["settings"]["search"]
+    assert (search["depth"], search["breadth"], search["n_generate"]) == (1, 1, 1), search
+
+
+@pytest.mark.parametrize("key,flag", [("depth", "--depth"), ("breadth", "--breadth"), ("n_generate", "--n-generate")])
+def test_solve_search_flags_are_checked_as_the_yaml_keys_are(tmp_path, key, flag):
+    """The same check and the same words as the key in a file, before any model loads."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"{key}: 0\n")
+    from_file = fails("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--config", str(config),
+                      "--output", str(tmp_path / "a"))
+    from_flag = fails("solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", flag, "0",
+                      "--target", str(tmp_path / "no-model"), "--output", str(tmp_path / "b"))
+    why = f"key '{key}': expected a positive integer"
+    assert why in from_file and why in from_flag and "command line" in from_flag, from_flag
+
+
+def test_tasks_lists_every_built_in_task_with_what_it_is_and_its_default_data():
+    from seed_tot.tasks import TASK_NAMES, get_task
+
+    out = run("tasks")
+    for name in TASK_NAMES:
+        assert f"{name}\n" in out
+    assert "default data: the Hub dataset openai/gsm8k (main, test split)" in out
+    assert "Blocksworld planning" in out and "default data: none: pass --data PATH" in out
+    blocksworld = get_task("blocksworld")  # the words are what load(None) does
+    assert f"{len(blocksworld.load(None))} random {blocksworld.n_blocks}-block instances" in out

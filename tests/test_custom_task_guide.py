@@ -71,3 +71,18 @@ def test_no_puzzle_is_a_worked_example_in_its_own_prompts():
     for example in task.load():
         puzzle = example.data["puzzle"]
         assert not any(re.search(rf"\b{puzzle}\b", p.replace("{numbers}", "")) for p in prompts), puzzle
+
+
+def test_the_guides_pytest_command_prints_its_pass_count():
+    """pyproject's addopts already hold -q: a documented `-q` on top (-q -q) silences the "N passed"
+    line a reader looks for."""
+    import shlex
+    import tomllib
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    commands = [line for block in _blocks("bash") for line in block.splitlines() if "-m pytest" in line]
+    assert commands
+    for command in commands:
+        quiet = sum(arg.count("q") for arg in shlex.split(addopts) + shlex.split(command)
+                    if arg == "--quiet" or (arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) <= {"q"}))
+        assert quiet <= 1, command

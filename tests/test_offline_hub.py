@@ -33,6 +33,19 @@ def test_an_uncached_hub_id_without_the_hub_is_one_line_naming_the_ways_out(unre
     assert "local model directory or .gguf file" in message and "HF_HUB_OFFLINE=1" in message
 
 
+def test_a_name_that_could_be_a_folder_not_made_yet_is_said_to_be_no_local_directory_too(unreachable, monkeypatch,
+                                                                                         tmp_path, tiny_model_dirs):
+    """`--draft drafter-k4` before `train-drafter --out drafter-k4` ran: not only a Hub problem."""
+    _cached(monkeypatch, False)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["generate", "Hi", "--target", tiny_model_dirs[0], "--draft", "drafter-k4",
+                                         "--mode", "sd", "--device", "cpu"])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"there is no local directory drafter-k4 in {tmp_path}" in lines[0], result.output
+    assert "unreachable" in lines[0]
+
+
 def test_a_cached_hub_id_without_the_hub_loads_from_the_cache_only(unreachable, monkeypatch):
     _cached(monkeypatch, True)
     assert models.model_source(REPO) == (REPO, {"local_files_only": True})

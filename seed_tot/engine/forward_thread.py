@@ -15,16 +15,34 @@ the scheduler's step loop (seed.py: drafting and verification of every mode), an
 (`engine.on_forward_thread`). Engines over the same models share it (`Engine(..., forward_thread=)`).
 An Engine built from models the caller loaded on its own thread still works, only slower. On a GPU
 the step loop gets a thread of its own (seed.py says why drafting and verification share it there too).
+
+Stopping (Ctrl-C, seed_tot/interrupt.py): `stop()` refuses new work, and the work running on the
+thread ends at its next step: the step loop fails its calls (seed.py) and long jobs call `stop_point()`
+between their steps (drafter training). A signal belongs to the process, so `stop_all()` reaches every
+forward thread it has; `drain_all()` waits for them to finish what they run, so that the interpreter
+never exits (and destroys torch's threads) while a forward still runs.
 """
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import ClassVar
+
+
+class EngineStopped(RuntimeError):
+    """The process is stopping (Ctrl-C): work on an engine's threads ended at its next step."""
 
 
 class ForwardThread(Executor):
     """A one-thread executor that runs a call inline when it is already on its thread (no deadlock
     when a forward-running function calls another)."""
+
+    # every forward thread of the process, for stop_all: a Ctrl-C stops them all (weak: an engine
+    # that is gone takes its thread along)
+    _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
     def __init__(self, name: str = "seed-tot-forward"):
         self._name = name
@@ -32,6 +50,8 @@ class ForwardThread(Executor):
         self._ident: int | None = None
         self._lock = threading.Lock()
         self._waiting = 0  # submitted and not started yet
+        self._stopped = threading.Event()
+        ForwardThread._live.add(self)
 
     def _mark(self) -> None:
         self._ident = threading.get_ident()
@@ -42,6 +62,9 @@ class ForwardThread(Executor):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name, initializer=self._mark)
             return self._pool
+
+    def runs_on(self, thread: threading.Thread) -> bool:
+        return self._ident is not None and thread.ident == self._ident
 
     def on_thread(self) -> bool:
         return self._ident is not None and threading.get_ident() == self._ident
@@ -66,7 +89,33 @@ class ForwardThread(Executor):
         """Work submitted to the thread that has not started yet."""
         return self._waiting
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def stop(self) -> None:
+        """Refuse new work from now on; what runs ends at its next step (the step loop and
+        `stop_point` read this). Work already queued still runs: a queued step must run to fail the
+        calls that wait on it."""
+        self._stopped.set()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the work queued so far to end; whether it did."""
+        with self._lock:
+            pool = self._pool
+        if pool is None:
+            return True
+        try:
+            pool.submit(lambda: None).result(timeout=max(timeout, 0.0))  # FIFO: behind everything queued
+        except FutureTimeout:
+            return False
+        except RuntimeError:  # the pool is shut down already: its thread ended or is ending
+            return True
+        return True
+
     def _queue(self, fn, /, *args, **kwargs) -> Future:
+        if self._stopped.is_set():
+            raise EngineStopped(f"{self._name} is stopping: no new work")
         with self._lock:
             self._waiting += 1
         try:
@@ -87,3 +136,23 @@ class ForwardThread(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """The engine's thread lives as long as the engine; schedulers that borrow it must not stop it."""
+
+
+def stop_all() -> None:
+    """Stop every forward thread of the process (Ctrl-C): see `ForwardThread.stop`."""
+    for thread in list(ForwardThread._live):
+        thread.stop()
+
+
+def drain_all(timeout: float) -> bool:
+    """Wait up to `timeout` s in all for every forward thread to end its work; whether all did."""
+    deadline = time.monotonic() + timeout
+    return all([thread.drain(deadline - time.monotonic()) for thread in list(ForwardThread._live)])
+
+
+def stop_point() -> None:
+    """Raise EngineStopped when called on a forward thread that was stopped: long work running on the
+    thread (drafter training) calls it between steps, so a Ctrl-C ends it there."""
+    for thread in list(ForwardThread._live):
+        if thread.on_thread() and thread.stopped:
+            raise EngineStopped("stopped")

@@ -85,7 +85,9 @@ def hub_kwargs(repo_id: str) -> dict:
             log.info("%s: loading %s from the Hub cache", why, repo_id)
         return {"local_files_only": True}
     hint = "" if offline else ", or set HF_HUB_OFFLINE=1 to load cached models without trying the network"
-    raise ConnectionError(f"cannot load {repo_id}: {why} and {repo_id} is not in the Hub cache "
+    # a name like `drafter-k4` may be a folder not made yet as well as a Hub id: the error says both
+    raise ConnectionError(f"cannot load {repo_id}: there is no local directory {repo_id} in {Path.cwd()}, and as "
+                          f"a Hub id: {why} and {repo_id} is not in the Hub cache "
                           f"({constants.HF_HUB_CACHE}); pass a local model directory or .gguf file instead{hint}")
 
 

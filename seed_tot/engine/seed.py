@@ -44,7 +44,7 @@ from typing import Callable
 from . import row_attention
 from .decode_spec import DecodeSpec
 from .draft_tree import DraftTree
-from .forward_thread import ForwardThread
+from .forward_thread import EngineStopped, ForwardThread
 from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
 from .speculative import accept_rows, draft_rows, score_rows
@@ -213,6 +213,9 @@ class SeedScheduler:
         self._kick()
 
     def _guarded_step(self) -> None:
+        if self._executor.stopped:  # Ctrl-C (forward_thread.stop_all): every call ends here, none hangs
+            self._fail_all(EngineStopped("the engine stopped (interrupted)"))
+            return
         self._in_step = True
         try:
             self._admit()

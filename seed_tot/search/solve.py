@@ -191,9 +191,10 @@ class ResultsRecorder:
         self._fh.close()
         self._bar.close()
         self.release()
-        if exc_type is KeyboardInterrupt:
-            log.warning("interrupted: %d of %d problems are in %s; run again with --resume to finish",
-                        len(self.records()), len(self.requested_ids), self.results_path)
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):  # what was kept, in the one line of Ctrl-C
+            from seed_tot.interrupt import Interrupted
+            raise Interrupted(f"{len(self.records())} of {len(self.requested_ids)} problems are in "
+                              f"{self.results_path}; run the same command with --resume to finish") from exc
         return False
 
     def show_progress(self, progress: ProblemProgress, in_flight: int = 1) -> None:

@@ -79,3 +79,12 @@ def resume(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Opti
 def save(out: Path, key: str, module: torch.nn.Module, optim: torch.optim.Optimizer, step: int,
          extra: dict | None = None) -> None:
     torch.save({**(extra or {}), key: module.state_dict(), "optim": optim.state_dict(), "step": step}, out / CHECKPOINT)
+
+
+def interrupted(out: Path, data_file: str = "data.safetensors") -> str:
+    """What a trainer stopped by Ctrl-C kept in `out`, and how the same command goes on from it."""
+    if (out / CHECKPOINT).is_file():
+        return f"training's last checkpoint is {out / CHECKPOINT}: the same command goes on from it"
+    if (out / data_file).is_file():
+        return f"the generated data is in {out / data_file}: the same command reuses it"
+    return "no data or checkpoint was saved yet (the generated data is saved once all of it is generated)"

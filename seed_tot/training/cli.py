@@ -40,22 +40,36 @@ DATA_FILE = "data.safetensors"
 def train_head_command(target, draft, draft_layers, device, dtype, data_file, max_examples, steps, out_dir,
                        max_new_tokens, temperature, top_k, top_p, mix_rate, w_rej, layers, seed):
     """Generate acceptance data with the target and draft, then train the head (progress on stderr)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
     from seed_tot import Engine, SamplingParams
-    from seed_tot.engine.policies.head import AcceptanceHead, save_head
-    from seed_tot.tasks.loading import load_records
 
     from . import checkpoints
-    from .specdec_data import HeadData, generate_data
-    from .specdec_train import train_head
 
     refuse_test_split(data_file, "train heads")
     out = Path(out_dir)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers)
+    try:
+        _generate_and_train(engine, out, params, data_file, max_examples, steps, max_new_tokens, temperature, top_k,
+                            top_p, mix_rate, w_rej, layers, seed)
+    except KeyboardInterrupt as err:  # the line says what was kept
+        from seed_tot.interrupt import Interrupted
+        raise Interrupted(lambda: checkpoints.interrupted(out, DATA_FILE)) from err
+
+
+def _generate_and_train(engine, out, params, data_file, max_examples, steps, max_new_tokens, temperature, top_k, top_p,
+                        mix_rate, w_rej, layers, seed) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from seed_tot.engine.policies.head import AcceptanceHead, save_head
+    from seed_tot.tasks.loading import load_records
+
+    from . import checkpoints
+    from .response_bar import ResponseBar
+    from .specdec_data import GEN_BATCH, HeadData, generate_data
+    from .specdec_train import train_head
+
     trained_for = {"target": engine.target_name, "draft": engine.draft_name, "temperature": temperature,
                    "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens, "mix_rate": mix_rate,
                    "w_acc": 1.0, "w_rej": w_rej, "data": str(data_file), "max_examples": max_examples,
@@ -70,8 +84,8 @@ def train_head_command(target, draft, draft_layers, device, dtype, data_file, ma
         checkpoints.check_same_data(out, meta_path, trained_for)
         records = load_records(data_file, required=("question",), limit=max_examples)
         prompts = engine.encode([engine.render_prompt(r["question"]) for r in records])
-        with tqdm(total=len(prompts), desc="target responses + labels", unit="prompt") as bar:
-            data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.update(1))
+        with ResponseBar(len(prompts), GEN_BATCH, desc="target responses + labels") as bar:
+            data = generate_data(engine, prompts, params, mix_rate, seed, progress=lambda i: bar.done(1))
         out.mkdir(parents=True, exist_ok=True)
         save_file({"hidden": data.hidden.contiguous(), "labels": data.labels.contiguous(),
                    "prompt": data.prompt.contiguous()}, str(data_path))

@@ -80,9 +80,15 @@ def train_drafter_command(method, target, data_file, k, layers, steps, out_dir, 
     engine = Engine.from_pretrained(target=target, device=device, dtype=dtype, load_draft=False)
     # everything else runs where the engine runs its forwards (its forward thread on a CPU): generating the
     # data, building the vocabulary, training and measuring share one OpenMP team (forward_thread.py says why)
-    engine.on_forward_thread(_generate_and_train, engine, method, target, data_file, k, layers, steps, out_dir,
-                             tasks, max_examples, heldout, max_new_tokens, temperature, context, seed, gen_batch,
-                             batch, lr, max_groups, vocab_size, vocab_examples, distill_temperature, target_features)
+    try:
+        engine.on_forward_thread(_generate_and_train, engine, method, target, data_file, k, layers, steps, out_dir,
+                                 tasks, max_examples, heldout, max_new_tokens, temperature, context, seed, gen_batch,
+                                 batch, lr, max_groups, vocab_size, vocab_examples, distill_temperature, target_features)
+    except KeyboardInterrupt as err:  # the line says what was kept once the forward thread stopped
+        from seed_tot.interrupt import Interrupted
+
+        from . import checkpoints
+        raise Interrupted(lambda: checkpoints.interrupted(Path(out_dir), DATA_FILE)) from err
 
 
 def _generate_and_train(engine, method, target, data_file, k, layers, steps, out_dir, tasks, max_examples, heldout,
@@ -103,7 +109,9 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
                                special_ids, split_questions, task_prompts, unpack)
     from . import checkpoints
     from .drafter_train import heldout_tau, train_drafter
+    from .response_bar import ResponseBar
     from .soft_labels import target_soft_labels
+    from seed_tot.engine.forward_thread import stop_point
 
     out = Path(out_dir)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -137,8 +145,8 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
         gen_s = json.loads(cost_path.read_text())["generate_s"] if cost_path.is_file() else time.perf_counter() - gen_start
     else:
         checkpoints.check_same_data(out, meta_path, data_meta)
-        with tqdm(total=len(train_prompts), desc="target responses", unit="prompt") as bar:
-            samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.update)
+        with ResponseBar(len(train_prompts), gen_batch) as bar:
+            samples = generate_samples(engine, train_prompts, params, gen_batch, context, progress=bar.done)
         out.mkdir(parents=True, exist_ok=True)
         save_file(pack(samples), str(data_path))
         meta_path.write_text(json.dumps(data_meta, indent=2) + "\n", encoding="utf-8")
@@ -172,17 +180,18 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     if distill_temperature:  # the target's own distributions at the responses' positions (soft_labels.py)
         soft_start = time.perf_counter()
         with tqdm(total=len(samples), desc=f"target distributions at T={distill_temperature:g}", unit="sample") as bar:
-            soft = target_soft_labels(engine.target, samples, distill_temperature, progress=bar.update)
+            soft = target_soft_labels(engine.target, samples, distill_temperature, progress=_stoppable(bar.update))
         soft_s = time.perf_counter() - soft_start
     features_s = 0.0
     if target_features:  # what the drafter reads beside each token at inference: the target's hidden states
         features_start = time.perf_counter()
         with tqdm(total=len(samples), desc="target hidden states", unit="sample") as bar:
-            attach_target_hidden(engine.target, samples, train_prompts, progress=bar.update)
+            attach_target_hidden(engine.target, samples, train_prompts, progress=_stoppable(bar.update))
         features_s = time.perf_counter() - features_start
     train_start = time.perf_counter()
     with tqdm(total=steps, desc=f"training {method} drafter", unit="step") as bar:
         def progress(step: int, loss: float, accuracy: list[float]) -> None:
+            stop_point()  # Ctrl-C: training ends after this step (its checkpoints stay)
             bar.n = step
             bar.set_postfix(loss=f"{loss:.3f}", acc="/".join(f"{a:.2f}" for a in accuracy))
             bar.refresh()
@@ -213,6 +222,16 @@ def _generate_and_train(engine, method, target, data_file, k, layers, steps, out
     click.echo(json.dumps({"drafter": str(out), "method": method, "k": drafter.n_masks, "layers": layers,
                            "steps": result.steps, "loss": result.loss, "accuracy": result.accuracy, "heldout": tau, "heldout_sampled": sampled,
                            "weights_mb": (out / "drafter.safetensors").stat().st_size / 2**20}, indent=2))
+
+
+def _stoppable(update):
+    """A progress callback that ends the work at a Ctrl-C (forward_thread.stop_point) after each step."""
+    from seed_tot.engine.forward_thread import stop_point
+
+    def step(n: int = 1) -> None:
+        stop_point()
+        update(n)
+    return step
 
 
 def vocab_line(vocab: dict | None) -> str:

@@ -155,12 +155,13 @@ def generate_samples(engine, prompts: list[list[int]], params, batch: int = 16, 
     by_prompt: dict[int, Sample] = {}
     for start in range(0, len(order), batch):
         chunk = order[start: start + batch]
-        for i, result in zip(chunk, engine.generate([prompts[i] for i in chunk], params, mode="parallel")):
+        results = engine.generate([prompts[i] for i in chunk], params, mode="parallel")
+        for i, result in zip(chunk, results):
             if result.token_ids:
                 kept = prompts[i][-context:]
                 by_prompt[i] = Sample(kept + list(result.token_ids), len(kept))
-        if progress is not None:
-            progress(len(chunk))
+        if progress is not None:  # responses done, their new tokens
+            progress(len(chunk), sum(len(r.token_ids) for r in results))
     if not by_prompt:
         raise ValueError("no training samples: every target response was empty")
     return [by_prompt[i] for i in sorted(by_prompt)]

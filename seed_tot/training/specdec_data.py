@@ -66,8 +66,11 @@ def example_data(target, draft, prompt: list[int], response: list[int], params: 
     return HeadData(hidden[is_y], labels[is_y])
 
 
+GEN_BATCH = 16  # prompts per batched target call
+
+
 def generate_data(engine, prompts: list[list[int]], params: SamplingParams, r: float, seed: int,
-                  progress=None, batch: int = 16) -> HeadData:
+                  progress=None, batch: int = GEN_BATCH) -> HeadData:
     """Target responses X (the engine's batched `parallel` mode with `params`, `batch` prompts per
     call: on a CPU a batched decode step costs little more than one row's), then each prompt's rows."""
     generator = torch.Generator().manual_seed(seed)

@@ -1,0 +1,43 @@
+"""A first solve on a machine calibrates the auto policy's costs before the first problem's clock
+starts, and says so (INFO log, -v); a run that finds them cached says nothing."""
+from __future__ import annotations
+
+import logging
+
+from click.testing import CliRunner
+
+from seed_tot.cli import main
+
+
+def _solve(tmp_path, tiny_model_dirs, name: str) -> None:
+    target, draft = tiny_model_dirs
+    result = CliRunner().invoke(main, [
+        "solve", "gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "1", "--mode", "seed",
+        "--draft-policy", "auto", "--target", target, "--draft", draft, "--temperature", "0",
+        "--max-new-tokens", "6", "--depth", "1", "--output", str(tmp_path / name)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_the_first_solve_calibrates_before_its_first_problem_and_says_so(tmp_path, tiny_model_dirs, monkeypatch,
+                                                                         caplog):
+    from seed_tot.engine import cost_model
+    from seed_tot.search import solve as solve_module
+
+    monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path / "cache"))  # a machine that never calibrated
+    events: list[str] = []
+    calibrate, solve_example = cost_model.calibrate, solve_module.solve_example
+    monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: events.append("calibrate") or calibrate(*a, **k))
+    monkeypatch.setattr(solve_module, "solve_example",
+                        lambda *a, **k: events.append("problem") or solve_example(*a, **k))
+    caplog.set_level(logging.INFO, logger="seed_tot")
+    _solve(tmp_path, tiny_model_dirs, "first")
+    assert events == ["calibrate", "problem"]  # the problem's clock starts after the calibration ended
+    said = [r.getMessage() for r in caplog.records if r.name == "seed_tot.engine.policy_warmup"]
+    assert len(said) == 2 and said[0].startswith("calibrating: the auto policy times this machine's") and \
+        said[1].startswith("calibrated for the auto policy in") and "recalibrate=true" in said[1], said
+
+    events.clear()
+    caplog.clear()
+    _solve(tmp_path, tiny_model_dirs, "second")  # cached now: no calibration, no word of it
+    assert events == ["problem"]
+    assert not [r for r in caplog.records if r.name == "seed_tot.engine.policy_warmup"]
