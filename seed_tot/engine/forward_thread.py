@@ -15,19 +15,25 @@ the scheduler's step loop (seed.py: drafting and verification of every mode), an
 (`engine.on_forward_thread`). Engines over the same models share it (`Engine(..., forward_thread=)`).
 An Engine built from models the caller loaded on its own thread still works, only slower. On a GPU
 the step loop gets a thread of its own (seed.py says why drafting and verification share it there too).
+
+The thread also owns the intra-op thread count of those forwards (cpu_threads.py): before each piece
+of work it runs, it applies `CpuThreads`' choice, which looks at the machine every few seconds.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
+from .cpu_threads import CpuThreads
+
 
 class ForwardThread(Executor):
     """A one-thread executor that runs a call inline when it is already on its thread (no deadlock
     when a forward-running function calls another)."""
 
-    def __init__(self, name: str = "seed-tot-forward"):
+    def __init__(self, name: str = "seed-tot-forward", threads: CpuThreads | None = None):
         self._name = name
+        self.threads = threads or CpuThreads()
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
@@ -79,6 +85,10 @@ class ForwardThread(Executor):
     def _started(self, fn, /, *args, **kwargs):
         with self._lock:
             self._waiting -= 1
+        import torch  # here, not at import: this module is light
+
+        # on this thread: torch's thread count is the calling thread's OpenMP team size
+        self.threads.update(torch.set_num_threads)
         return fn(*args, **kwargs)
 
     def call(self, fn, *args, **kwargs):
