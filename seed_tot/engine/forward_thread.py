@@ -31,9 +31,10 @@ class ForwardThread(Executor):
     """A one-thread executor that runs a call inline when it is already on its thread (no deadlock
     when a forward-running function calls another)."""
 
-    def __init__(self, name: str = "seed-tot-forward", threads: CpuThreads | None = None):
+    def __init__(self, name: str = "seed-tot-forward", threads: CpuThreads | None = None, cpu: bool = True):
         self._name = name
-        self.threads = threads or CpuThreads()
+        # cpu=False: a GPU engine's step thread, whose forwards run on the device (torch's default stays)
+        self.threads = (threads or CpuThreads()) if cpu else None
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
@@ -87,8 +88,8 @@ class ForwardThread(Executor):
             self._waiting -= 1
         import torch  # here, not at import: this module is light
 
-        # on this thread: torch's thread count is the calling thread's OpenMP team size
-        self.threads.update(torch.set_num_threads)
+        if self.threads is not None:  # on this thread: torch's count is the calling thread's OpenMP team size
+            self.threads.update(torch.set_num_threads)
         return fn(*args, **kwargs)
 
     def call(self, fn, *args, **kwargs):
