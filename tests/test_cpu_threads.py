@@ -191,3 +191,19 @@ def test_generate_finishes_beside_a_busy_pytorch_process(tiny_model_dirs, tmp_pa
         neighbour.wait()
     assert run.returncode == 0, run.stderr
     assert "threads 1 (auto" in run.stdout  # a tiny model: one thread, whatever the load
+
+
+def test_solve_records_the_thread_choice_in_its_summary(tiny_model_dirs, tmp_path, unpinned):
+    target, draft = tiny_model_dirs
+    _generate("solve", "gsm8k", "--data", "tests/fixtures/gsm8k_small.jsonl", "--limit", "1", "--mode", "ar",
+              "--target", target, "--max-new-tokens", "6", "--output", str(tmp_path / "run"))
+    threads = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_threads"]
+    assert threads["setting"] == "auto" and threads["threads"] == 1  # a tiny model: one thread
+
+
+def test_bench_shows_the_thread_choice(unpinned):
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", "--modes", "ar",
+                                       "--max-new-tokens", "2", "--repeats", "1", "--threads", "1"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "| threads 1 (pinned 1" in result.stdout
