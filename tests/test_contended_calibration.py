@@ -20,19 +20,22 @@ def contention_rule(monkeypatch):
     monkeypatch.setattr(cost_model, "CONTENTION_MIN_FORWARD_S", 1e-3)
 
 
-@pytest.mark.parametrize("repeats, others_busy, busy", [
-    (QUIET, 0.0, None),                                            # steady repeats, idle machine
-    (QUIET, 1.1, "other processes kept 1.1 of 2 cores busy"),     # a neighbour all along: slow but steady
-    ([[0.010, 0.019, 0.011], [0.020, 0.041, 0.030]], 0.0, "differed by"),  # a busy stretch now and then
-    ([[0.0002, 0.0009, 0.0004]], 1.5, None),  # sub-millisecond forwards: the best of the repeats is undisturbed
+@pytest.mark.parametrize("repeats, others_busy, threads, busy", [
+    (QUIET, 0.0, 2, None),                                         # steady repeats, idle machine
+    (QUIET, 1.1, 2, "other processes kept 1.1 of 2 cores busy"),  # a neighbour all along: slow but steady
+    (QUIET, 1.1, None, "kept 1.1 of 2"),                           # threads not known: all cores ours
+    (QUIET, 0.9, 1, None),                # one thread timed on the core the neighbour left free
+    (QUIET, 1.6, 1, "beside this one's 1 thread(s)"),                # ... unless it did not leave one
+    ([[0.010, 0.019, 0.011], [0.020, 0.041, 0.030]], 0.0, 2, "differed by"),  # a busy stretch now and then
+    ([[0.0002, 0.0009, 0.0004]], 1.5, 2, None),  # sub-millisecond forwards: the best of the repeats is undisturbed
 ])
-def test_contention_from_load_and_the_spread_of_repeats(repeats, others_busy, busy):
-    found = contention(repeats, others_busy, 2)
+def test_contention_from_load_and_the_spread_of_repeats(repeats, others_busy, threads, busy):
+    found = contention(repeats, others_busy, 2, threads)
     assert found is None if busy is None else busy in found
 
 
 def _measured(engine, busy: float, repeats):
-    return lambda *a, **k: Calibration(COSTS, {("target", n): times for n, times in enumerate(repeats)}, busy, 2)
+    return lambda *a, **k: Calibration(COSTS, {("target", n): times for n, times in enumerate(repeats)}, busy, 2, 2)
 
 
 def test_a_contended_calibration_serves_its_run_and_is_not_cached(tmp_path, monkeypatch, llama_pair, caplog):

@@ -195,33 +195,36 @@ def calibration_plan(engine, context: int = 64, sizes: tuple[int, ...] = CALIBRA
 # repeat (a time slice is milliseconds); the best of a few repeats of a shorter one nearly always finds
 # an undisturbed run, so short forwards say nothing either way (and tiny models always count as quiet)
 CONTENTION_MIN_FORWARD_S = 1e-3
-CONTENTION_BUSY = 0.5  # cores other processes kept busy while timing
+CONTENTION_BUSY = 0.5  # cores other processes kept busy while timing, beyond those our threads left free
 CONTENTION_SPREAD = 0.25  # median over sizes of (slowest / fastest repeat - 1)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """What `measure` found: the costs, every timed repeat per (role, tokens), and the cores other
-    processes kept busy meanwhile (`cores` of them usable)."""
+    processes kept busy meanwhile (`cores` of them usable, `threads` of them ours)."""
 
     costs: Costs
     repeats: dict
     others_busy: float
     cores: int
+    threads: int | None = None
 
     @property
     def contention(self) -> str | None:
-        return contention(list(self.repeats.values()), self.others_busy, self.cores)
+        return contention(list(self.repeats.values()), self.others_busy, self.cores, self.threads)
 
 
-def contention(repeats: list[list[float]], others_busy: float, cores: int) -> str | None:
+def contention(repeats: list[list[float]], others_busy: float, cores: int, threads: int | None = None) -> str | None:
     """Why timings were taken on a busy machine (None: they look quiet). `repeats`: each forward
-    size's timed repeats, seconds. Only sizes whose fastest repeat lasts CONTENTION_MIN_FORWARD_S count."""
+    size's timed repeats, seconds; only sizes whose fastest repeat lasts CONTENTION_MIN_FORWARD_S
+    count. Other processes on the cores our `threads` (None: all cores) left free took nothing from them."""
     long = [times for times in repeats if times and min(times) >= CONTENTION_MIN_FORWARD_S]
     if not long:
         return None
-    if others_busy >= CONTENTION_BUSY:
-        return f"other processes kept {others_busy:.1f} of {cores} cores busy"
+    ours = cores if threads is None else min(threads, cores)
+    if others_busy >= cores - ours + CONTENTION_BUSY:
+        return f"other processes kept {others_busy:.1f} of {cores} cores busy beside this one's {ours} thread(s)"
     spreads = sorted(max(times) / min(times) - 1 for times in long if len(times) > 1)
     if spreads and spreads[len(spreads) // 2] > CONTENTION_SPREAD:
         return f"repeats of one forward differed by {spreads[len(spreads) // 2]:.0%} (median over sizes)"
@@ -279,7 +282,7 @@ def measure(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] 
     (n0, one), (n1, many) = points[0], points[-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
     costs = Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
-    return Calibration(costs, dict(zip(runs, timed)), load.sample(), load.cores)
+    return Calibration(costs, dict(zip(runs, timed)), load.sample(), load.cores, torch.get_num_threads())
 
 
 def _current(entry: dict, largest: int, largest_draft: int) -> bool:
