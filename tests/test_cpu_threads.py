@@ -114,7 +114,7 @@ def test_other_processes_use_is_busy_time_less_this_process_own(tmp_path, monkey
     stat = tmp_path / "stat"
     monkeypatch.setattr(cpu_threads, "PROC_STAT", stat)
     monkeypatch.setattr(cpu_threads.os, "sysconf", lambda name: 100)
-    clock, own = iter([10.0, 12.0]), iter([1.0, 2.0])  # 2 s of wall, 1 s of our own CPU
+    clock, own = iter([10.0, 12.0, 12.01]), iter([1.0, 2.0, 2.0])  # 2 s of wall, 1 s of our own CPU
     monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(cpu_threads, "_own_cpu_s", lambda: next(own))
 
@@ -127,6 +127,8 @@ def test_other_processes_use_is_busy_time_less_this_process_own(tmp_path, monkey
     write(0, 0, 0)
     load.sample()
     write(200, 100, 500)  # 3 s busy on our 2 cores in 2 s, 1 of it ours: others 1 core
+    assert load.sample() == pytest.approx(1.0)
+    write(201, 100, 500)  # 10 ms later: too short a stretch for 10 ms ticks, the last figure stands
     assert load.sample() == pytest.approx(1.0)
 
 

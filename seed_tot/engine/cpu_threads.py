@@ -48,6 +48,7 @@ MIN_WORK_PER_THREAD = 8_000_000
 # others' CPU use below this (in cores) is background noise (daemons, a shell) that does not park a thread
 BACKGROUND = 0.2
 RECHECK_S = 2.0
+MIN_WINDOW_S = 0.05  # the shortest stretch /proc/stat's 10 ms ticks measure a load over
 PROC_STAT = Path("/proc/stat")
 CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
@@ -98,6 +99,8 @@ def _busy_jiffies(cpus: list[int]) -> float | None:
         return None
     wanted, busy = {f"cpu{c}" for c in cpus}, 0
     for line in lines:
+        if not line.startswith("cpu"):  # the per-CPU lines come first; the rest (intr: thousands of counters) is not needed
+            break
         name, *values = line.split()
         if name in wanted:
             numbers = [int(v) for v in values]
@@ -133,6 +136,7 @@ class CpuLoad:
 
     cpus: list[int] = field(default_factory=usable_cores)
     _last: tuple[float, float, float] | None = None  # (wall, busy of the cpus, own cpu)
+    _estimate: float | None = None  # the last sample's
 
     @property
     def cores(self) -> int:
@@ -140,17 +144,25 @@ class CpuLoad:
         return min(len(self.cpus), quota) if quota else len(self.cpus)
 
     def sample(self) -> float:
-        """Cores kept busy by other processes since the last sample (the first: the load average)."""
+        """Cores kept busy by other processes since the last sample. The first (no stretch behind it
+        yet), and every one where /proc/stat cannot be read, reads the 1-minute load average; one
+        within MIN_WINDOW_S of the last repeats it (the counters tick every 10 ms)."""
         now, busy, own = time.monotonic(), _busy_jiffies(self.cpus), _own_cpu_s()
-        last, self._last = self._last, (now, busy, own) if busy is not None else None
-        if last is None or busy is None or now - last[0] < 0.05:
-            try:
-                return max(0.0, os.getloadavg()[0])
-            except (AttributeError, OSError):  # no load average (Windows)
-                return 0.0
-        wall = now - last[0]
-        # /proc/stat counts in clock ticks (10 ms): over short stretches it rounds, so clamp to [0, cores]
-        return min(max((busy - last[1] - (own - last[2])) / wall, 0.0), float(len(self.cpus)))
+        if busy is None or self._last is None:
+            self._last = (now, busy, own) if busy is not None else None
+            self._estimate = _load_average()
+        elif now - self._last[0] >= MIN_WINDOW_S:
+            last, self._last = self._last, (now, busy, own)
+            # rounding of the ticks can put it a little outside [0, cores]
+            self._estimate = min(max((busy - last[1] - (own - last[2])) / (now - last[0]), 0.0), float(len(self.cpus)))
+        return self._estimate
+
+
+def _load_average() -> float:
+    try:
+        return max(0.0, os.getloadavg()[0])
+    except (AttributeError, OSError):  # no load average (Windows)
+        return 0.0
 
 
 @dataclass
