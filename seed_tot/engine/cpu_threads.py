@@ -181,6 +181,7 @@ class CpuThreads:
     changes: int = 0
     low: int | None = None
     high: int | None = None
+    cap: int | None = field(init=False, default=None)  # $OMP_NUM_THREADS
     _checked: float = -math.inf
 
     def __post_init__(self):
