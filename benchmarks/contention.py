@@ -28,6 +28,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -175,7 +176,7 @@ def run_all(args) -> dict:
                 _stop(proc)
             log.info("%s beside %s: %s", column, kind, json.dumps(cell))
     if args.solves:
-        out_dir = Path(args.work_dir)
+        out_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="contention-"))  # a fresh one: solve refuses to overwrite
         alone = _solve_walls(1, args, out_dir)[0]
         together = _solve_walls(2, args, out_dir)
         figures["solve"] = {"alone_s": alone, "together_s": together, "ratio": max(together) / alone}
@@ -233,7 +234,7 @@ def parse_args(argv=None):
     ap.add_argument("--columns", default=",".join(COLUMNS))
     ap.add_argument("--solves", type=int, default=1, help="1: also time two solves together against one (0: skip).")
     ap.add_argument("--solve-args", default=SOLVE_ARGS, help="What each `seed-tot solve` is given (before --output).")
-    ap.add_argument("--work-dir", default="runs/contention", help="Where the solves write their outputs.")
+    ap.add_argument("--work-dir", default=None, help="An empty directory for the solves' outputs (default: a new temporary one).")
     ap.add_argument("--json", dest="json_file", default=None, help="Also write every figure here.")
     return ap.parse_args(argv)
 
