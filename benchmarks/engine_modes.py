@@ -35,6 +35,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.target, args.draft)
+    engine.pin_threads(args.threads)  # None: chosen by the machine's load (cpu_threads.py)
     questions = [r["question"] for r in load_records(args.data, required=("question",), limit=args.n)]
     prompts = [engine.render_prompt(q) for q in questions]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0)

@@ -200,7 +200,7 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = build_engine(args)
-    engine.on_forward_thread(torch.set_num_threads, args.threads)
+    engine.pin_threads(args.threads)  # the figures are per thread count: not chosen by the machine's load
     print(f"tiny Llama ({args.layers} layers, hidden 64, vocab {args.vocab}, float32), {args.prompt_len}-token "
           f"prompts, {args.new_tokens} new tokens, {'temperature %g' % args.temperature if args.temperature else 'greedy'}, {args.threads} thread(s), median of {args.repeats}; "
           f"torch {torch.__version__}", flush=True)

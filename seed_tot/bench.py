@@ -318,7 +318,9 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
     device = engine.target.device
     cpu = f"CPU {platform.processor() or platform.machine()} ({linear_kernel(engine.target)} linear)"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+    threads = engine.threads_report() if hasattr(engine, "threads_report") else None
     return {"device": str(device), "device_name": name, "dtype": dtype_name, "torch": torch.__version__,
+            "cpu_threads": threads,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "peak_memory": "torch.cuda.max_memory_allocated per mode" if device.type == "cuda"
@@ -472,8 +474,9 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     rows = summarize_reports(reports, greedy, synth, tot, limit if tot else None)
     env, title = header["environment"], header["title"]
     click.echo(title)
+    threads = f" | threads {engine.forward_thread.threads.describe()}" if getattr(engine, "forward_thread", None) else ""
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
-               f"torch {env['torch']} | {env['date']}")
+               f"torch {env['torch']} | {env['date']}{threads}")
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if (note := few_repeats_warning(repeats)) is not None:
         click.echo(note, err=True)

@@ -119,7 +119,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     for i, r in enumerate(results):
         if as_json:
             click.echo(json.dumps({"index": i, "text": r.text, "token_ids": r.token_ids,
-                                   "finish_reason": r.finish_reason, "stats": r.stats.to_dict()}))
+                                   "finish_reason": r.finish_reason, "stats": r.stats.to_dict(),
+                                   "threads": engine.threads_report()}))
         else:
             click.echo(f"--- {i} ({r.finish_reason}, {len(r.token_ids)} tokens)\n{r.text}")
     total = summarize(results)
@@ -132,7 +133,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
                    f"acceptance {total.acceptance_rate:.3f}  tokens/target forward {total.tokens_per_target_forward:.2f}  "
                    f"target forwards {total.target_forwards:.0f} (+{total.target_prefills:.0f} prefill)  "
                    f"draft forwards {total.draft_forwards:.0f}  verifications {total.verifications}  "
-                   f"target busy {total.target_busy_fraction:.0%}")
+                   f"target busy {total.target_busy_fraction:.0%}"
+                   + (f"  threads {engine.forward_thread.threads.describe()}" if engine.forward_thread else ""))
 
 
 def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, options: dict) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import click
@@ -71,6 +72,17 @@ def check_dtype(ctx, param, value):
     return value
 
 
+def pin_threads(ctx, param, value):
+    """A click callback: --threads N (or $SEED_TOT_THREADS) pins the engine's CPU intra-op threads.
+    It travels in the environment, which the engine reads when it starts and child processes
+    (pipeline stages, a local Ray cluster's actors) inherit; not given: chosen by load (cpu_threads.py)."""
+    from seed_tot.engine.cpu_threads import PIN_ENV
+
+    if value is not None:
+        os.environ[PIN_ENV] = str(value)
+    return value
+
+
 def model_options(fn):
     """--target/--draft/... shared by every command that loads models."""
     for option in reversed([
@@ -84,6 +96,9 @@ def model_options(fn):
         click.option("--dtype", default=None, callback=check_dtype, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU). Greedy output is "
                      "token-identical across modes in float32; in half precision a forward's rounding "
                      "depends on its batch shape (README, 'Numerics')."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, envvar="SEED_TOT_THREADS", expose_value=False,
+                     callback=pin_threads, help="CPU: intra-op threads of every forward [default: chosen from the free cores "
+                     "and the model's size, and chosen again as the load changes; docs/engine.md, 'CPU threads']."),
     ]):
         fn = option(fn)
     return fn

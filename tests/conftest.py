@@ -151,3 +151,12 @@ def tiny_model_dirs(tmp_path_factory):
         save_char_tokenizer(root / name)
         dirs.append(str(root / name))
     return dirs
+
+
+@pytest.fixture(autouse=True)
+def calibrations_count_as_quiet(monkeypatch):
+    """Tests calibrate on a machine other work shares, so whether a calibration looks contended (and is
+    then not cached) would depend on that work: here none does. test_contended_calibration restores
+    the rule and injects the timings it judges."""
+    from seed_tot.engine import cost_model
+    monkeypatch.setattr(cost_model, "CONTENTION_MIN_FORWARD_S", float("inf"))

@@ -323,8 +323,8 @@ def test_a_modes_draft_policy_is_built_before_its_first_run_so_no_timed_run_carr
 
     monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path))  # no cached costs: auto calibrates
     events = []
-    calibrate = cost_model.calibrate
-    monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: events.append("calibrate") or calibrate(*a, **k))
+    measure = cost_model.measure
+    monkeypatch.setattr(cost_model, "measure", lambda *a, **k: events.append("calibrate") or measure(*a, **k))
     engine = build_synthetic_engine("tiny", 0.5, "cpu")
     params = SamplingParams(max_new_tokens=3, temperature=0)
 

@@ -12,6 +12,9 @@ and read through their monotone fit (a forward of more tokens never costs less: 
 
 Costs are cached per target/draft architecture and shapes, dtype, device and machine (`cache_key`)
 in $SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json, so a machine calibrates once.
+Not a calibration taken while the machine was busy (`contention`: other processes used the cores,
+or repeats of one forward spread widely): that one serves the run that took it, with a warning, and
+the next run measures again (or `--policy-option recalibrate=true` once the machine is quiet).
 """
 from __future__ import annotations
 
@@ -188,12 +191,60 @@ def calibration_plan(engine, context: int = 64, sizes: tuple[int, ...] = CALIBRA
             tuple(n for n in sorted(set(draft_sizes) | {1}) if n <= room))
 
 
+# Contention: a forward that lasts at least this long can be stretched by another process in every
+# repeat (a time slice is milliseconds); the best of a few repeats of a shorter one nearly always finds
+# an undisturbed run, so short forwards say nothing either way (and tiny models always count as quiet)
+CONTENTION_MIN_FORWARD_S = 1e-3
+CONTENTION_BUSY = 0.5  # cores other processes kept busy while timing, beyond those our threads left free
+CONTENTION_SPREAD = 0.25  # median over sizes of (slowest / fastest repeat - 1)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What `measure` found: the costs, every timed repeat per (role, tokens), and the cores other
+    processes kept busy meanwhile (`cores` of them usable, `threads` of them ours)."""
+
+    costs: Costs
+    repeats: dict
+    others_busy: float
+    cores: int
+    threads: int | None = None
+
+    @property
+    def contention(self) -> str | None:
+        return contention(list(self.repeats.values()), self.others_busy, self.cores, self.threads)
+
+
+def contention(repeats: list[list[float]], others_busy: float, cores: int, threads: int | None = None) -> str | None:
+    """Why timings were taken on a busy machine (None: they look quiet). `repeats`: each forward
+    size's timed repeats, seconds; only sizes whose fastest repeat lasts CONTENTION_MIN_FORWARD_S
+    count. Other processes on the cores our `threads` (None: all cores) left free took nothing from them."""
+    long = [times for times in repeats if times and min(times) >= CONTENTION_MIN_FORWARD_S]
+    if not long:
+        return None
+    ours = cores if threads is None else min(threads, cores)
+    if others_busy >= cores - ours + CONTENTION_BUSY:
+        return f"other processes kept {others_busy:.1f} of {cores} cores busy beside this one's {ours} thread(s)"
+    spreads = sorted(max(times) / min(times) - 1 for times in long if len(times) > 1)
+    if spreads and spreads[len(spreads) // 2] > CONTENTION_SPREAD:
+        return f"repeats of one forward differed by {spreads[len(spreads) // 2]:.0%} (median over sizes)"
+    return None
+
+
 @torch.inference_mode()
 def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
               draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> Costs:
     """Time target forwards of each of `sizes` tokens and draft forwards of each of `draft_sizes`
     after a `context`-token prefix (the best of `repeats`, after a warm-up), within the models'
     position limits (`calibration_plan`)."""
+    return measure(engine, repeats, context, sizes, draft_sizes).costs
+
+
+@torch.inference_mode()
+def measure(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] = CALIBRATION_TOKENS,
+            draft_sizes: tuple[int, ...] = DRAFT_CALIBRATION_TOKENS) -> Calibration:
+    """`calibrate`, with every repeat and the machine's load while it ran (for `contention`)."""
+    from .cpu_threads import CpuLoad
     from .kv_cache import KVCache
     from .speculative import prefill
 
@@ -206,6 +257,9 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
     for role, (runtime, _) in roles.items():
         prefill(runtime, caches[role], prompt)
     best = [float("inf")] * len(runs)
+    timed: list[list[float]] = [[] for _ in runs]
+    load = CpuLoad()
+    load.sample()
     # a bar where a person waits (a terminal): on a CPU a pair of 1B models takes a minute or more
     bar = tqdm(total=(repeats + 1) * len(runs), desc="timing forwards (once per machine)", unit="forward",
                disable=None, leave=False)
@@ -219,14 +273,16 @@ def calibrate(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...
                 caches[role].forward(roles[role][0], (prompt * (n_new // context + 1))[:n_new],
                                      [j - 1 for j in range(n_new)])
                 if round_:
-                    best[i] = min(best[i], time.perf_counter() - start)
+                    timed[i].append(time.perf_counter() - start)
+                    best[i] = min(best[i], timed[i][-1])
                 caches[role].commit([])
                 bar.update()
     points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "target")
     draft_points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "draft")
     (n0, one), (n1, many) = points[0], points[-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
-    return Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
+    costs = Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
+    return Calibration(costs, dict(zip(runs, timed)), load.sample(), load.cores, torch.get_num_threads())
 
 
 def _current(entry: dict, largest: int, largest_draft: int) -> bool:
@@ -266,8 +322,13 @@ def load_costs(engine, recalibrate: bool = False) -> Costs:
     if _current(entry, sizes[-1], draft_sizes[-1]) and not recalibrate:
         return costs_from_entry(entry)
     log.info("timing %s's forwards for the cost-aware policies (cached in %s)", key, path)
-    costs = calibrate(engine)
+    calibration = measure(engine)
+    costs, busy = calibration.costs, calibration.contention
     log.info("calibrated %s: %s", key, costs)
+    if busy is not None:
+        log.warning("forward costs timed on a busy machine (%s): used for this run, not cached; the next run times "
+                    "them again, or pass --policy-option recalibrate=true when the machine is quiet", busy)
+        return costs
     cached[key] = {**asdict(costs), "timing": TIMING}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cached, indent=2) + "\n", encoding="utf-8")

@@ -18,6 +18,7 @@ from .call_inputs import encode_prompts, sampling_params, torch_dtype
 from .cpu_linear import ONEDNN, resolve_cpu_linear, use_onednn_linears
 from .params import GenerationResult, SamplingParams
 from .sequence import Sequence, StopRule
+from .cpu_threads import model_work
 from .forward_thread import ForwardThread
 from .shared_prefill import PrefixStore, prefill_prompts, tokens_to_score
 from .target_features import FeatureLog, TargetHidden
@@ -65,6 +66,9 @@ class Engine:
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
         self.forward_thread = (forward_thread or ForwardThread()) if torch.device(device).type == "cpu" else None
+        if self.forward_thread is not None:  # the models are known now: a decode step's work bounds the threads
+            self.forward_thread.threads.work = model_work(self.target)
+            self.forward_thread.threads.recheck()
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
@@ -121,6 +125,19 @@ class Engine:
             draft_model, draft_name = load_model(draft, dev, dtype), draft
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name,
                    forward_thread=forward_thread)
+
+    def pin_threads(self, threads: int | None) -> None:
+        """Run this engine's CPU forwards on `threads` intra-op threads from now on (None: choose them
+        again by the machine's load, cpu_threads.py). No effect on a GPU target."""
+        if self.forward_thread is not None:
+            if threads is not None and threads < 1:
+                raise ValueError(f"threads must be at least 1, got {threads}")
+            self.forward_thread.threads.pinned = threads
+            self.forward_thread.threads.recheck()
+
+    def threads_report(self) -> dict | None:
+        """The CPU thread choice so far (cpu_threads.CpuThreads.report); None on a GPU."""
+        return self.forward_thread.threads.report() if self.forward_thread is not None else None
 
     def on_forward_thread(self, fn, *args, **kwargs):
         """fn(*args, **kwargs) where this engine runs its forwards: its forward thread on a CPU (build or

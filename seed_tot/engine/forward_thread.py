@@ -21,6 +21,9 @@ thread ends at its next step: the step loop fails its calls (seed.py) and long j
 between their steps (drafter training). A signal belongs to the process, so `stop_all()` reaches every
 forward thread it has; `drain_all()` waits for them to finish what they run, so that the interpreter
 never exits (and destroys torch's threads) while a forward still runs.
+
+The thread also owns the intra-op thread count of those forwards (cpu_threads.py): before each piece
+of work it runs, it applies `CpuThreads`' choice, which looks at the machine every few seconds.
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ import weakref
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import ClassVar
+
+
+from .cpu_threads import CpuThreads
 
 
 class EngineStopped(RuntimeError):
@@ -44,8 +50,10 @@ class ForwardThread(Executor):
     # that is gone takes its thread along)
     _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
-    def __init__(self, name: str = "seed-tot-forward"):
+    def __init__(self, name: str = "seed-tot-forward", threads: CpuThreads | None = None, cpu: bool = True):
         self._name = name
+        # cpu=False: a GPU engine's step thread, whose forwards run on the device (torch's default stays)
+        self.threads = (threads or CpuThreads()) if cpu else None
         self._pool: ThreadPoolExecutor | None = None
         self._ident: int | None = None
         self._lock = threading.Lock()
@@ -128,6 +136,10 @@ class ForwardThread(Executor):
     def _started(self, fn, /, *args, **kwargs):
         with self._lock:
             self._waiting -= 1
+        import torch  # here, not at import: this module is light
+
+        if self.threads is not None:  # on this thread: torch's count is the calling thread's OpenMP team size
+            self.threads.update(torch.set_num_threads)
         return fn(*args, **kwargs)
 
     def call(self, fn, *args, **kwargs):

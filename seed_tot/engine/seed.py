@@ -118,7 +118,7 @@ class SeedScheduler:
 
     def __init__(self, engine, executor: ForwardThread | None = None):
         self.engine = engine
-        self._executor = executor or engine.forward_thread or ForwardThread("seed-step")
+        self._executor = executor or engine.forward_thread or ForwardThread("seed-step", cpu=False)
         self._lock = threading.Lock()
         self._incoming: list[_Call] = []
         self._step_queued = False  # a step is queued or running: a kick need not queue another

@@ -231,6 +231,9 @@ class ResultsRecorder:
         summary.update({**self.models, **model_names(engine)})
         if self.policy:
             summary["policy"] = self.policy
+        threads = engine.threads_report() if hasattr(engine, "threads_report") else None
+        if threads is not None:  # a CPU engine's intra-op threads: the choice and how it moved (cpu_threads.py)
+            summary["cpu_threads"] = threads
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..cpu_threads import CpuThreads, share, usable_cores
 from ..model_runtime import ModelRuntime
 from ..params import GenerationResult, SamplingParams
 from .comm import DistComm, LocalComm
@@ -158,8 +159,10 @@ def _activation_shape(role) -> tuple[int, torch.dtype]:
 
 def _worker(rank: int, port: int, timeout_s: float, results, *job) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
     cfg = job[3]
+    # the stages and the draft share this machine's cores evenly (cpu_threads.py), unless --threads pins them
+    pinned = CpuThreads().pinned
+    torch.set_num_threads(pinned or share(len(usable_cores()), cfg.n_stages + 1))
     dist.init_process_group("gloo", rank=rank, world_size=cfg.n_stages + 1, timeout=timedelta(seconds=timeout_s))
     try:
         outputs = run_rank(rank, *job)
