@@ -84,6 +84,7 @@ class EngineRunner:
                        on_tokens=None) -> list[GenerationResult]:
         """One engine call for every row of a request (its prompts times n). Cancelling the awaiting
         task cancels the call: its rows leave at the engine's next step and their KV slots are freed."""
+        self.metrics.add_prompt_tokens(sum(len(row) for row in rows))
         try:
             results = await self.engine.agenerate(rows, params, spec=spec, on_tokens=on_tokens)
         except asyncio.CancelledError:
