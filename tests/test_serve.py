@@ -440,3 +440,18 @@ def test_metrics_are_prometheus_text(served):
         assert f"seed_tot_{name}" in names
         assert f"# TYPE seed_tot_{name} " in text
     assert json.dumps(served.metrics())  # every value parses as a number
+
+
+def test_a_client_that_drops_a_non_streamed_request_stops_its_rows(served):
+    """A non-streamed request whose client gives up after half a second (a 4 x 400-token job): the
+    server sees the connection close, cancels the engine call and frees the rows' KV lines."""
+    idle = _wait_for(served, lambda m: m["seed_tot_engine_calls_active"] == 0)
+    body = {"model": "tiny", "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0.9, "seed": 4, "n": 4}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(served.url + "/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    after = _wait_for(served, lambda m: m["seed_tot_requests_cancelled_total"] > idle["seed_tot_requests_cancelled_total"]
+                      and m["seed_tot_engine_calls_active"] == 0
+                      and m["seed_tot_kv_lines_used"] <= idle["seed_tot_kv_lines_used"] + 2, timeout_s=10)
+    assert after["seed_tot_requests_cancelled_total"] == idle["seed_tot_requests_cancelled_total"] + 1
+    assert after["seed_tot_engine_calls_active"] == 0 and after["seed_tot_requests_running"] == 0
+    assert after["seed_tot_kv_lines_used"] <= idle["seed_tot_kv_lines_used"] + 2
