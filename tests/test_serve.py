@@ -295,15 +295,20 @@ def test_the_openai_client_raises_its_own_error_types(client):
 
 
 def test_32_concurrent_mixed_requests_are_all_exact_and_share_forwards(served, engine):
-    """32 requests at once, of mixed n, lengths, endpoints and stream flags (greedy, so each has one
-    right answer): every answer equals the target alone, and the server's counters show more than one
-    row per target forward (rows of different requests and choices in one forward)."""
+    """32 requests at once, of mixed n, lengths and stream flags, greedy or sampled with a seed: every
+    greedy answer equals the target alone, every seeded one the engine's rows of that request alone,
+    and the server's counters show more than one row per target forward (rows of different requests
+    and choices in one forward)."""
     before = served.metrics()
     client = openai.AsyncOpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=300)
     cases = [(PROMPTS[i % 4], 4 + (i * 5) % 17, 1 + i % 3, i % 2 == 1) for i in range(32)]
 
+    def temperature(n, max_tokens):
+        return 0.8 if (n + max_tokens) % 4 == 0 else 0.0  # a quarter of the requests sample
+
     async def one(prompt, max_tokens, n, stream):
-        kwargs = dict(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, n=n)
+        kwargs = dict(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=temperature(n, max_tokens),
+                      n=n, seed=max_tokens)
         if not stream:
             out = await client.completions.create(**kwargs)
             return {c.index: c.text for c in out.choices}
@@ -320,8 +325,14 @@ def test_32_concurrent_mixed_requests_are_all_exact_and_share_forwards(served, e
             await client.close()
 
     answers = asyncio.run(all_of())
+    assert any(temperature(n, m) for _, m, n, _ in cases) and not all(temperature(n, m) for _, m, n, _ in cases)
     for (prompt, max_tokens, n, _), answer in zip(cases, answers):
-        assert answer == {i: greedy(engine, prompt, max_tokens).text for i in range(n)}
+        if temperature(n, max_tokens):
+            params = SamplingParams(max_new_tokens=max_tokens, temperature=0.8, seed=max_tokens)
+            refs = engine.generate([prompt] * n, params, mode="seed", draft_policy="fixed")
+            assert answer == {i: r.text for i, r in enumerate(refs)}
+        else:
+            assert answer == {i: greedy(engine, prompt, max_tokens).text for i in range(n)}
     after = served.metrics()
     rows = after["seed_tot_target_rows_total"] - before["seed_tot_target_rows_total"]
     forwards = after["seed_tot_target_forwards_total"] - before["seed_tot_target_forwards_total"]
