@@ -256,6 +256,12 @@ BAD = [  # (endpoint, body, status, param, words of the message)
     ("/completions", {"model": "tiny", "prompt": "a", "k_config": "0,1"}, 400, "k_config", "positive"),
     ("/completions", {"model": "tiny", "prompt": "a", "draft_policy": "magic"}, 400, "draft_policy", "unknown"),
     ("/completions", {"model": "tiny", "prompt": "a", "verify_batch": "lots"}, 400, "verify_batch", "verify_batch"),
+    ("/completions", {"model": "tiny", "prompt": "a", "mode": "ar", "draft_policy": "opt-tree"}, 400, "draft_policy",
+     "takes no draft policy"),
+    ("/completions", {"model": "tiny", "prompt": "a", "mode": "ar", "draft_policy": "opt-tree", "stream": True}, 400,
+     "draft_policy", "takes no draft policy"),
+    ("/completions", {"model": "tiny", "prompt": "a", "draft_policy": "fixed", "policy_options": {"bogus": 1}}, 400,
+     "draft_policy", "bogus"),
     ("/chat/completions", {"model": "tiny", "messages": []}, 400, "messages", "at least 1"),
     ("/chat/completions", {"model": "tiny", "messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role", "bot"),
     ("/chat/completions", {"model": "tiny", "messages": [{"content": "x"}]}, 400, "messages[0].role", "missing"),
@@ -466,3 +472,15 @@ def test_a_client_that_drops_a_non_streamed_request_stops_its_rows(served):
     assert after["seed_tot_requests_cancelled_total"] == idle["seed_tot_requests_cancelled_total"] + 1
     assert after["seed_tot_engine_calls_active"] == 0 and after["seed_tot_requests_running"] == 0
     assert after["seed_tot_kv_lines_used"] <= idle["seed_tot_kv_lines_used"] + 2
+
+
+def test_the_n_choices_of_a_request_share_one_scoring_of_its_prompt(served, client):
+    """n=8 rows of one prompt: the target scores the prompt in one prefill forward, not eight (and the
+    prompt counts once, as in usage)."""
+    before = served.metrics()
+    out = client.completions.create(model="tiny", prompt="Zebras graze quietly at dawn", max_tokens=3,
+                                    temperature=1.0, n=8, seed=9)
+    assert len(out.choices) == 8
+    after = served.metrics()
+    assert after["seed_tot_target_prefills_total"] - before["seed_tot_target_prefills_total"] == pytest.approx(1.0)
+    assert after["seed_tot_prompt_tokens_total"] - before["seed_tot_prompt_tokens_total"] == out.usage.prompt_tokens

@@ -140,10 +140,14 @@ class Server:
         return Job(prompts, [text], req.n, self._params(req, max_tokens), spec, logprobs)
 
     # ------------------------------------------------------------------ running a job
+    async def prepare(self, job: Job) -> None:
+        if job.params is not None:
+            await self.runner.prepare(job.params, job.spec)
+
     async def run(self, job: Job, on_tokens=None) -> list[GenerationResult]:
         if job.params is None:  # max_tokens 0: the prompt alone (echo + logprobs scores it)
             return [GenerationResult([], "", GenerationStats(), "length") for _ in job.rows]
-        return await self.runner.generate(job.rows, job.params, job.spec, on_tokens)
+        return await self.runner.generate(job.rows, job.params, job.spec, sum(len(p) for p in job.prompts), on_tokens)
 
     async def scores(self, job: Job, results: list[GenerationResult]) -> list[TokenScores | None]:
         if job.logprobs is None:
@@ -237,6 +241,7 @@ def build_app(server: Server) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         job = server.completion_job(req)
+        await server.prepare(job)
         if req.stream:
             return await _stream(server, job, chat=False, include_usage=_include_usage(req))
         results, scores = await _answer(server, job, request)
@@ -253,6 +258,7 @@ def build_app(server: Server) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         job = server.chat_job(req)
+        await server.prepare(job)
         if req.stream:
             return await _stream(server, job, chat=True, include_usage=_include_usage(req))
         results, scores = await _answer(server, job, request)

@@ -80,16 +80,13 @@ class EngineRunner:
             metrics.running -= 1
             self._places.release()
 
-    async def generate(self, rows: list[list[int]], params: SamplingParams, spec: DecodeSpec,
+    async def generate(self, rows: list[list[int]], params: SamplingParams, spec: DecodeSpec, prompt_tokens: int,
                        on_tokens=None) -> list[GenerationResult]:
-        """One engine call for every row of a request (its prompts times n). Cancelling the awaiting
-        task cancels the call: its rows leave at the engine's next step and their KV slots are freed."""
-        self.metrics.add_prompt_tokens(sum(len(row) for row in rows))
+        """One engine call for every row of a request (its prompts times n; `prompt_tokens`: its distinct
+        prompts' tokens, as usage counts them). Cancelling the awaiting task cancels the call: its rows
+        leave at the engine's next step and their KV slots are freed."""
+        self.metrics.add_prompt_tokens(prompt_tokens)
         try:
-            # the call's draft policy first, in a worker thread: building one may calibrate (seconds of
-            # forwards), which inside agenerate's submission would stall every other request's I/O
-            await asyncio.to_thread(self.engine.policy, spec.mode, spec.k_config, params, spec.draft_policy,
-                                    spec.options)
             results = await self.engine.agenerate(rows, params, spec=spec, on_tokens=on_tokens)
         except asyncio.CancelledError:
             self.metrics.cancelled += 1
@@ -100,6 +97,19 @@ class EngineRunner:
             raise bad_request(str(err)) from None
         self.metrics.add_results(results)
         return results
+
+    async def prepare(self, params: SamplingParams, spec: DecodeSpec) -> None:
+        """Build (or find) the call's draft policy in a worker thread, before the request is answered:
+        building one may calibrate (seconds of forwards), which inside agenerate's submission would stall
+        every other request's I/O; and a policy the mode or the models refuse is a 400 here, before a
+        stream has sent its 200."""
+        try:
+            await asyncio.to_thread(self.engine.policy, spec.mode, spec.k_config, params, spec.draft_policy,
+                                    spec.options)
+        except DecodeSpecError as err:
+            raise bad_request(str(err), err.setting) from None
+        except ValueError as err:
+            raise bad_request(str(err), "draft_policy" if spec.draft_policy else "mode") from None
 
     async def score(self, sequences: list[list[int]], top: int) -> list[TokenScores]:
         """For each sequence, the target's log-probability of each token after the first given those
