@@ -484,3 +484,12 @@ def test_the_n_choices_of_a_request_share_one_scoring_of_its_prompt(served, clie
     after = served.metrics()
     assert after["seed_tot_target_prefills_total"] - before["seed_tot_target_prefills_total"] == pytest.approx(1.0)
     assert after["seed_tot_prompt_tokens_total"] - before["seed_tot_prompt_tokens_total"] == out.usage.prompt_tokens
+
+
+def test_echo_puts_the_prompt_before_the_completion_streamed_or_not(client, engine):
+    kwargs = dict(model="tiny", prompt=PROMPTS[1], max_tokens=7, temperature=0, echo=True, n=2)
+    whole = client.completions.create(**kwargs)
+    assert [c.text for c in whole.choices] == [PROMPTS[1] + greedy(engine, PROMPTS[1], 7).text] * 2
+    texts, finish, _ = _reassemble(client.completions.create(**kwargs, stream=True), chat=False)
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finish == {c.index: c.finish_reason for c in whole.choices}
