@@ -274,12 +274,12 @@ def build_app(server: Server) -> FastAPI:
 
 async def _stream(server: Server, job: Job, chat: bool, include_usage: bool) -> StreamingResponse:
     """Server-sent events: each choice's text as its tokens are committed (with logprobs: whole, once the
-    choice is scored), then its finish_reason, the usage chunk if asked, and `data: [DONE]`. The place
-    in the queue is taken before the response starts, so a full queue is still a 429. Closing the
+    choice is scored), then its finish_reason, the usage chunk if asked, and `data: [DONE]`. A full
+    queue is a 429 before the response starts; the place is taken inside the stream, so that it is
+    given back however the stream ends, even one whose client left before its first byte. Closing the
     stream cancels the engine call."""
     runner = server.runner
-    admission = runner.admitted()
-    await admission.__aenter__()
+    runner.check_room()
     rid, created = request_id("chatcmpl" if chat else "cmpl"), now()
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -297,42 +297,51 @@ async def _stream(server: Server, job: Job, chat: bool, include_usage: bool) -> 
         return sse({"id": rid, "object": "text_completion", "created": created, "model": server.model_name,
                     "choices": [choice]})
 
-    async def body():
-        task = asyncio.ensure_future(server.run(job, on_tokens))
-        task.add_done_callback(lambda _: events.put_nowait(None))
-        try:
-            rows = job.rows
-            texts = [IncrementalText(server.tokenizer, job.params.stop if job.params else ()) for _ in rows]
-            for i in range(len(rows)):
+    async def pieces(task):
+        rows = job.rows
+        texts = [IncrementalText(server.tokenizer, job.params.stop if job.params else ()) for _ in rows]
+        for i in range(len(rows)):
+            if chat:
+                yield chunk(i, None, role=True)
+            elif job.echo:
+                yield chunk(i, job.prompt_texts[i // job.n])
+        while (event := await events.get()) is not None:
+            index, tokens, finish = event
+            piece = texts[index].add(tokens, finish)
+            if job.logprobs is None and piece:
+                yield chunk(index, piece)
+            if finish is not None and job.logprobs is None:
+                yield chunk(index, None if chat else "", OPENAI_FINISH[finish])
+        results = task.result()  # a failed call raises here, after the choices that finished
+        if job.logprobs is not None:  # each choice whole, with its log-probabilities
+            for i, (row, result, score) in enumerate(zip(rows, results, await server.scores(job, results))):
                 if chat:
-                    yield chunk(i, None, role=True)
-                elif job.echo:
-                    yield chunk(i, job.prompt_texts[i // job.n])
-            while (event := await events.get()) is not None:
-                index, tokens, finish = event
-                piece = texts[index].add(tokens, finish)
-                if job.logprobs is None and piece:
-                    yield chunk(index, piece)
-                if finish is not None and job.logprobs is None:
-                    yield chunk(index, None if chat else "", OPENAI_FINISH[finish])
-            results = task.result()  # a failed call raises here, after the choices that finished
-            if job.logprobs is not None:  # each choice whole, with its log-probabilities
-                for i, (row, result, score) in enumerate(zip(rows, results, await server.scores(job, results))):
-                    if chat:
-                        logprobs = server.chat_logprobs(row, result, score).model_dump()
-                    else:
-                        offset = 0 if job.echo else len(job.prompt_texts[i // job.n])
-                        logprobs = server.completion_logprobs(job, row, result, score, offset).model_dump()
-                    yield chunk(i, result.text, OPENAI_FINISH[result.finish_reason], logprobs)
-            elif job.params is None:  # max_tokens 0: no tokens, so no events
-                for i in range(len(rows)):
-                    yield chunk(i, None if chat else "", "length")
-            if include_usage:
-                yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                           "created": created, "model": server.model_name, "choices": [],
-                           "usage": job.usage(results).model_dump()})
-            runner.metrics.finished += 1
-            yield sse("[DONE]")
+                    logprobs = server.chat_logprobs(row, result, score).model_dump()
+                else:
+                    offset = 0 if job.echo else len(job.prompt_texts[i // job.n])
+                    logprobs = server.completion_logprobs(job, row, result, score, offset).model_dump()
+                yield chunk(i, result.text, OPENAI_FINISH[result.finish_reason], logprobs)
+        elif job.params is None:  # max_tokens 0: no tokens, so no events
+            for i in range(len(rows)):
+                yield chunk(i, None if chat else "", "length")
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                       "created": created, "model": server.model_name, "choices": [],
+                       "usage": job.usage(results).model_dump()})
+        runner.metrics.finished += 1
+        yield sse("[DONE]")
+
+    async def body():
+        try:
+            async with runner.admitted():
+                task = asyncio.ensure_future(server.run(job, on_tokens))
+                task.add_done_callback(lambda _: events.put_nowait(None))
+                try:
+                    async for piece in pieces(task):
+                        yield piece
+                finally:  # the client closed the stream (this generator is closed) or it ended
+                    if not task.done():
+                        task.cancel()
         except APIError as err:
             yield sse(err.body())
             yield sse("[DONE]")
@@ -341,10 +350,6 @@ async def _stream(server: Server, job: Job, chat: bool, include_usage: bool) -> 
             yield sse(APIError(500, f"internal error: {type(err).__name__}: {err}", None, type_="server_error",
                                code="internal_error").body())
             yield sse("[DONE]")
-        finally:  # the client closed the stream (this generator is cancelled) or it ended
-            if not task.done():
-                task.cancel()
-            await admission.__aexit__(None, None, None)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -55,10 +55,8 @@ class EngineRunner:
         except DecodeSpecError as err:
             raise bad_request(str(err), err.setting) from None
 
-    @contextlib.asynccontextmanager
-    async def admitted(self):
-        """A place among --max-running requests, queueing behind at most --max-waiting others; past
-        those, 429 with Retry-After, so memory stays bounded however many clients call."""
+    def check_room(self) -> None:
+        """429 with Retry-After unless a place is free or the queue has room."""
         metrics = self.metrics
         if self._places is None:
             self._places = asyncio.Semaphore(self.max_running)
@@ -68,6 +66,13 @@ class EngineRunner:
                                 f"waiting (--max-running {self.max_running}, --max-waiting {self.max_waiting}); "
                                 f"retry later", None, type_="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"})
+
+    @contextlib.asynccontextmanager
+    async def admitted(self):
+        """A place among --max-running requests, queueing behind at most --max-waiting others; past
+        those, 429 with Retry-After, so memory stays bounded however many clients call."""
+        metrics = self.metrics
+        self.check_room()
         metrics.waiting += 1
         try:
             await self._places.acquire()
