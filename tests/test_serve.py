@@ -482,6 +482,9 @@ def test_the_n_choices_of_a_request_share_one_scoring_of_its_prompt(served, clie
                                     temperature=1.0, n=8, seed=9)
     assert len(out.choices) == 8
     after = served.metrics()
+    # each choice carries its row's engine counters: their prefill shares sum to the one forward too
+    assert sum(c.model_extra["stats"]["target_prefills"] for c in out.choices) == pytest.approx(1.0)
+    assert [c.model_extra["stats"]["new_tokens"] for c in out.choices] == [3] * 8
     assert after["seed_tot_target_prefills_total"] - before["seed_tot_target_prefills_total"] == pytest.approx(1.0)
     assert after["seed_tot_prompt_tokens_total"] - before["seed_tot_prompt_tokens_total"] == out.usage.prompt_tokens
 

@@ -251,7 +251,8 @@ def build_app(server: Server) -> FastAPI:
             logprobs = (server.completion_logprobs(job, row, result, score, 0 if job.echo else len(prompt_text))
                         if score is not None else None)
             choices.append(CompletionChoice(index=i, text=(prompt_text if job.echo else "") + result.text,
-                                            logprobs=logprobs, finish_reason=OPENAI_FINISH[result.finish_reason]))
+                                            logprobs=logprobs, finish_reason=OPENAI_FINISH[result.finish_reason],
+                                            stats=result.stats.to_dict()))
         return CompletionResponse(id=request_id("cmpl"), created=now(), model=server.model_name, choices=choices,
                                   usage=job.usage(results))
 
@@ -264,7 +265,7 @@ def build_app(server: Server) -> FastAPI:
         results, scores = await _answer(server, job, request)
         choices = [ChatChoice(index=i, message=AssistantMessage(content=result.text),
                               logprobs=server.chat_logprobs(row, result, score) if score is not None else None,
-                              finish_reason=OPENAI_FINISH[result.finish_reason])
+                              finish_reason=OPENAI_FINISH[result.finish_reason], stats=result.stats.to_dict())
                    for i, (row, result, score) in enumerate(zip(job.rows, results, scores))]
         return ChatCompletionResponse(id=request_id("chatcmpl"), created=now(), model=server.model_name,
                                       choices=choices, usage=job.usage(results))

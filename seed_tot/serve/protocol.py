@@ -154,6 +154,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stats: dict | None = None  # this engine's counters of the choice's row (GenerationStats.to_dict); an extra field
 
 
 class CompletionResponse(BaseModel):
@@ -189,6 +190,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    stats: dict | None = None  # as CompletionChoice.stats
 
 
 class ChatCompletionResponse(BaseModel):
