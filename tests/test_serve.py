@@ -248,6 +248,8 @@ BAD = [  # (endpoint, body, status, param, words of the message)
     ("/completions", {"model": "tiny", "prompt": "a", "temperature": -0.5}, 400, "temperature", "greater than"),
     ("/completions", {"model": "tiny", "prompt": "a", "top_p": 0}, 400, "top_p", "greater than"),
     ("/completions", {"model": "tiny", "prompt": "a", "stop": [""]}, 400, "stop", "non-empty"),
+    ("/completions", {"model": "tiny", "prompt": "a", "seed": 2 ** 70}, 400, "seed", "less than"),
+    ("/completions", {"model": "tiny", "prompt": ["a", "b", "c"], "n": 50}, 400, "prompt", "at most 128"),
     ("/completions", {"model": "tiny", "prompt": "a", "logprobs": 50}, 400, "logprobs", "less than"),
     ("/completions", {"model": "tiny", "prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     ("/completions", {"model": "tiny", "prompt": "a", "logit_bias": {"5": 3}}, 400, "logit_bias", "not supported"),

@@ -15,7 +15,7 @@ from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import GenerationResult, GenerationStats, SamplingParams
 
 from .errors import APIError, bad_request, install_handlers
-from .protocol import (AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChoiceLogprobs,
+from .protocol import (MAX_N, AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChoiceLogprobs,
                        CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, ModelCard,
                        ModelList, SamplingFields, TokenLogprob, TopLogprob, Usage, now, request_id)
 from .runner import EngineRunner, TokenScores
@@ -105,6 +105,9 @@ class Server:
             prompt = [prompt]
         if not prompt:
             raise bad_request("prompt is empty: give a string, a list of strings or token ids", "prompt")
+        if len(prompt) * req.n > MAX_N:  # every row holds KV: a request's memory stays bounded
+            raise bad_request(f"{len(prompt)} prompts x n={req.n} is {len(prompt) * req.n} choices; at most {MAX_N} "
+                              f"per request", "prompt")
         prompts = self._encode(list(prompt), "prompt")
         texts = [p if isinstance(p, str) else self.tokenizer.decode(p) for p in prompt]
         max_tokens = 16 if req.max_tokens is None else req.max_tokens

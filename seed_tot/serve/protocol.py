@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_N = 128  # choices per request: ToT samples up to 20 thoughts per call; 128 rows stay bounded in memory
+MAX_N = 128  # choices per request, and rows (prompts x n): ToT samples up to 20 thoughts per call
 MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs / logprobs
 
 
@@ -48,7 +48,7 @@ class SamplingFields(DecodeSettings):
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)  # vLLM: -1 or 0 is off
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2 ** 63), le=2 ** 63 - 1)  # int64, as OpenAI's; row i samples with seed + i
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
