@@ -125,8 +125,11 @@ class EngineRunner:
     @torch.inference_mode()
     def _score(self, sequences: list[list[int]], top: int) -> list[TokenScores]:
         model, vocab = self.engine.target, self.engine.vocab_size
-        out = []
+        out, done = [], {}
         for ids in sequences:
+            if tuple(ids) in done:  # equal choices (greedy n > 1, echo with max_tokens 0) are scored once
+                out.append(done[tuple(ids)])
+                continue
             if len(ids) < 2:
                 out.append(TokenScores([], []))
                 continue
@@ -138,7 +141,7 @@ class EngineRunner:
             if top:
                 values, indices = logprobs.topk(min(top, vocab), dim=-1)
                 alternatives = [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-            out.append(TokenScores(chosen, alternatives))
+            out.append(done.setdefault(tuple(ids), TokenScores(chosen, alternatives)))
         return out
 
     def engine_gauges(self) -> dict[str, tuple[str, float]]:
