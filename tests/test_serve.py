@@ -273,6 +273,8 @@ BAD = [  # (endpoint, body, status, param, words of the message)
      400, "max_tokens", "greater than"),
     ("/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
                            "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    ("/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                           "functions": [{"name": "f"}]}, 400, "functions", "not supported"),
 ]
 
 

@@ -96,7 +96,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 
@@ -115,11 +115,13 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[dict] | None = None
+    functions: list[dict] | None = None  # the 0.x clients' name of tools
     response_format: dict | None = None
 
     def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools"
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                return name
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format"
         return super().unsupported()
