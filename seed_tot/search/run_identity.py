@@ -26,14 +26,18 @@ _PROVENANCE = ("source", "task")
 
 
 def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
-                 models: dict[str, str] | None = None) -> dict[str, Any]:
+                 models: dict[str, str] | None = None, endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity a run's records share (`settings`: RunSettings.to_dict(); `algorithm`: the one
-    the run resolved; `models`: role -> model name, None when the caller does not know them)."""
+    the run resolved; `models`: role -> model name, None when the caller does not know them;
+    `endpoint`: where the calls went when a server ran them (search/endpoint.py), recorded but not
+    compared: the same model served at another address resumes)."""
     kept = {k: v for k, v in settings.items() if k not in _PROVENANCE}
     kept["algorithm"] = algorithm
     identity: dict[str, Any] = {"task": task_name, "settings": kept}
     if models:
         identity["models"] = dict(models)
+    if endpoint:
+        identity["endpoint"] = dict(endpoint)
     return identity
 
 

@@ -122,8 +122,10 @@ class ResultsRecorder:
     """
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
-                 output_dir: str | Path, resume: bool, models: dict[str, str] | None = None):
+                 output_dir: str | Path, resume: bool, models: dict[str, str] | None = None,
+                 endpoint: dict[str, Any] | None = None):
         self.task, self.settings, self.algorithm, self.models = task, settings, algorithm, models or {}
+        self.endpoint = endpoint  # the server that ran the calls (solve --api-base), for run.json and the summary
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
@@ -141,7 +143,7 @@ class ResultsRecorder:
         task, settings, algorithm, models = self.task, self.settings, self.algorithm, self.models
         self.done = prepare_results_file(self.results_path, resume)  # id -> record already written
         # records made with other settings must not be appended to and summarised as these (run_identity.py)
-        identity = run_identity(task.name, settings.to_dict(), algorithm, models)
+        identity = run_identity(task.name, settings.to_dict(), algorithm, models, self.endpoint)
         if self.done:
             check_resumed_run(self.out, identity)
         if not self.done or not (self.out / RUN_FILE).is_file():
@@ -216,6 +218,8 @@ class ResultsRecorder:
         summary = summarize_records(self.records())
         # the model pair, for the run header of `seed-tot view`: the engine's, else the run's recorded ones
         summary.update({**self.models, **model_names(engine)})
+        if self.endpoint:
+            summary["endpoint"] = self.endpoint
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),
@@ -265,7 +269,8 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     examples = check_examples(task, examples, given_by="solve_dataset was given")
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
-                         resume=resume, models=model_names(engine)) as recorder:
+                         resume=resume, models=model_names(engine),
+                         endpoint=getattr(engine, "endpoint_identity", None)) as recorder:
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:

@@ -1,0 +1,253 @@
+"""`solve --api-base`: the ToT layer on an OpenAI-compatible endpoint (search/endpoint.py), driven
+against a real `seed-tot serve` subprocess on 127.0.0.1 with a tiny model: greedy predictions equal
+the in-process solve's, with the chat template applied by the server (chat) or no template (text);
+resume; run.json names the endpoint; a bad URL, an unknown model and a refused request end in one
+clear line with the records written so far kept."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from seed_tot.cli import main  # noqa: E402
+from seed_tot.engine import Engine  # noqa: E402
+from seed_tot.search import apply_overrides, load_settings, solve_dataset  # noqa: E402
+from seed_tot.search.endpoint import EndpointConfig, EndpointEngine, EndpointError  # noqa: E402
+from seed_tot.search.protocol import Example, Prompt, State  # noqa: E402
+from short_task import ShortTask  # noqa: E402
+
+SHORT_TASK = f"{Path(__file__).with_name('short_task.py')}:ShortTask"
+QUESTIONS = ["apples", "pens", "pages"]
+# role tags and the message, nothing trimmed: continuing an assistant message renders as the
+# generation prompt plus that message, as engine.render_prompt writes it
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if not loop.last %}\n{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}\n<assistant>{% endif %}")
+
+
+class PrefixTask(ShortTask):
+    """ShortTask whose value and answer calls start the assistant's reply (an assistant prefix, as
+    gsm8k's and creative_writing's do), with trailing space the server must keep."""
+
+    def value_prompt(self, example: Example, state: State) -> Prompt:
+        return Prompt(user=f"rate {example.data['question']}:{'/'.join(state.thoughts)}",
+                      assistant_prefix="Rating: ", max_new_tokens=3)
+
+    def answer_prompt(self, example: Example, state: State) -> Prompt:
+        return Prompt(user=f"answer {example.data['question']}", assistant_prefix="So ", max_new_tokens=4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(target: str, *args: str, timeout_s: float = 180.0):
+    """`seed-tot serve` of `target` on a free loopback port until the block ends; its base URL."""
+    port = free_port()
+    log = open(Path(target) / f"serve-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "seed_tot.cli", "serve", "--target", target, "--device", "cpu",
+                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"seed-tot serve exited with {proc.returncode}: "
+                                   f"{Path(log.name).read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"seed-tot serve did not answer /health in {timeout_s:.0f}s")
+            time.sleep(0.3)
+        yield base + "/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def chat_model(tiny_model_dirs, tmp_path_factory):
+    """The tiny target with a chat template in its tokenizer (the in-process engine and the server
+    both render prompts with it)."""
+    from transformers import AutoTokenizer
+
+    target, _ = tiny_model_dirs
+    path = tmp_path_factory.mktemp("chat") / "target"
+    shutil.copytree(target, path)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    with serve(chat_model, "--mode", "parallel") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def local_engine(chat_model):
+    return Engine.from_pretrained(target=chat_model, device="cpu", load_draft=False)
+
+
+@pytest.fixture()
+def data(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in QUESTIONS))
+    return str(path)
+
+
+def _records(out: Path) -> dict[str, dict]:
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len({r["id"] for r in records}) == len(records)
+    return {r["id"]: r for r in records}
+
+
+def _solve(engine, task, data, out: Path, algorithm: str = "bfs", **kw) -> dict[str, dict]:
+    settings = apply_overrides(load_settings(None, base=task.config), mode="parallel", temperature=0.0)
+    solve_dataset(engine, task, task.load(data), settings=settings, output_dir=out, algorithm=algorithm, **kw)
+    return _records(out)
+
+
+def _same_search(ours: dict[str, dict], theirs: dict[str, dict]) -> None:
+    assert set(ours) == set(theirs) == {str(i) for i in range(len(QUESTIONS))}
+    for key in ours:
+        assert ours[key]["prediction"] == theirs[key]["prediction"], key
+        assert ours[key]["steps"] == theirs[key]["steps"], key  # every thought and value alike
+
+
+@pytest.mark.parametrize("algorithm", ["bfs", "dfs"])
+def test_chat_prompts_on_the_server_give_the_in_process_greedy_search(server, local_engine, data, tmp_path, algorithm):
+    """The server applies the chat template the in-process engine applies, continuing the assistant
+    prefix (trailing space kept): every thought, value and prediction of the greedy search is equal."""
+    task = PrefixTask()
+    here = _solve(local_engine, task, data, tmp_path / "here", algorithm)
+    with EndpointEngine(EndpointConfig(base_url=server, prompt_format="chat")) as engine:
+        there = _solve(engine, task, data, tmp_path / "there", algorithm, concurrency=2)
+    _same_search(here, there)
+    # the counters came from the responses' usage: every generated token counted once
+    for key, record in there.items():
+        assert record["stats"]["thought"]["new_tokens"] > 0
+        assert record["stats"]["value"]["new_tokens"] > 0
+
+
+def test_text_prompts_on_the_server_give_the_in_process_greedy_search_of_a_model_without_template(
+        server, local_engine, data, tmp_path, monkeypatch):
+    """Text prompts go to /v1/completions as written: what the in-process engine renders for a
+    tokenizer without a chat template (user + assistant prefix)."""
+    task = PrefixTask()
+    monkeypatch.setattr(local_engine.tokenizer, "chat_template", None)
+    here = _solve(local_engine, task, data, tmp_path / "here")
+    with EndpointEngine(EndpointConfig(base_url=server, prompt_format="text")) as engine:
+        there = _solve(engine, task, data, tmp_path / "there")
+    _same_search(here, there)
+
+
+def test_the_chat_and_text_formats_differ_on_a_templated_model(server, data, tmp_path):
+    """The two formats are not the same requests (else the tests above could not tell them apart)."""
+    task = PrefixTask()
+    with EndpointEngine(EndpointConfig(base_url=server, prompt_format="chat")) as engine:
+        chat = _solve(engine, task, data, tmp_path / "chat")
+    with EndpointEngine(EndpointConfig(base_url=server, prompt_format="text")) as engine:
+        text = _solve(engine, task, data, tmp_path / "text")
+    assert any(chat[k]["steps"] != text[k]["steps"] for k in chat)
+
+
+def test_cli_solve_api_base_records_the_endpoint_resumes_and_writes_the_tree_page(server, local_engine, data,
+                                                                                  tmp_path, monkeypatch):
+    """The command line: a partial run, then --resume, gives one record per problem, the in-process
+    predictions, and run.json naming the endpoint and model but not the key."""
+    monkeypatch.setenv("SERVE_TEST_KEY", "sk-secret-123")
+    out = tmp_path / "out"
+    common = ["solve", SHORT_TASK, "--data", data, "--temperature", "0", "--mode", "parallel", "--output", str(out),
+              "--api-base", server, "--api-key-env", "SERVE_TEST_KEY"]
+    first = CliRunner().invoke(main, [*common, "--limit", "1"])
+    assert first.exit_code == 0, first.output
+    assert len(_records(out)) == 1
+    second = CliRunner().invoke(main, [*common, "--resume", "--view"])
+    assert second.exit_code == 0, second.output
+    there = _records(out)
+    here = _solve(local_engine, ShortTask(), data, tmp_path / "here")
+    _same_search(here, there)
+    run = json.loads((out / "run.json").read_text())
+    assert run["endpoint"]["base_url"] == server and run["endpoint"]["model"] == run["models"]["target"]
+    assert run["endpoint"]["decoding_sent"] == ["mode"]  # --mode was given: the requests carried it
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["endpoint"] == run["endpoint"] and summary["n"] == len(QUESTIONS)
+    assert (out / "tree.html").is_file()
+    assert not any("sk-secret-123" in p.read_text() for p in out.iterdir() if p.suffix in (".json", ".jsonl"))
+
+
+def test_unreachable_endpoint_is_one_line_and_writes_nothing(data, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(out),
+                                       "--api-base", f"http://127.0.0.1:{free_port()}/v1"])
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:" in result.output and "Traceback" not in result.output
+    assert not (out / "results.jsonl").exists() and not (out / "run.json").exists()
+
+
+def test_unknown_model_name_is_refused_naming_the_served_ones(server, data, tmp_path):
+    result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "out"),
+                                       "--api-base", server, "--api-model", "no-such-model"])
+    assert result.exit_code == 1
+    assert "does not serve model 'no-such-model'" in result.output and "Traceback" not in result.output
+
+
+class LongSecondProblem(ShortTask):
+    """Problem 1's prompt is longer than the tiny model's context (512 positions): the server refuses it."""
+
+    def thought_prompt(self, example: Example, state: State) -> Prompt:
+        prompt = super().thought_prompt(example, state)
+        return Prompt(user=prompt.user * (200 if example.id == "1" else 1))
+
+
+def test_a_refused_request_ends_the_run_in_one_line_and_keeps_the_records_before_it(server, data, tmp_path):
+    task = LongSecondProblem()
+    out = tmp_path / "out"
+    with EndpointEngine(EndpointConfig(base_url=server, prompt_format="text")) as engine:
+        with pytest.raises(EndpointError, match=r"refused POST /completions with 4\d\d: ") as err:
+            _solve(engine, task, data, out)
+    assert "\n" not in str(err.value)
+    assert list(_records(out)) == ["0"]  # the problem before the refusal, whole
+    assert (out / "run.json").is_file()
+
+
+def test_options_that_load_models_here_do_not_combine_with_api_base(data, tmp_path):
+    result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "o"),
+                                       "--api-base", "http://127.0.0.1:1/v1", "--target", "x", "--device", "cpu"])
+    assert result.exit_code == 2 and "--target, --device do not apply" in result.output
+    result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "o"),
+                                       "--api-model", "m"])
+    assert result.exit_code == 2 and "--api-model only apply with --api-base" in result.output
+
+
+def test_a_url_without_scheme_is_refused():
+    with pytest.raises(ValueError, match="http:// or https://"):
+        EndpointConfig(base_url="127.0.0.1:8000/v1")
