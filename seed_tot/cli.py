@@ -395,6 +395,7 @@ class _tracing:
 
 def _register_bench() -> None:
     from seed_tot.bench import bench
+    from seed_tot.serve.command import serve_command
     from seed_tot.training.cli import train_head_command
     from seed_tot.training.drafter_cli import train_drafter_command
     from seed_tot.training.vocab_cli import drafter_vocab_command
@@ -403,6 +404,7 @@ def _register_bench() -> None:
     main.add_command(train_head_command)
     main.add_command(train_drafter_command)
     main.add_command(view_command)
+    main.add_command(serve_command)
 
 
 _register_bench()

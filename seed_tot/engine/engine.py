@@ -189,11 +189,13 @@ class Engine:
         self.scheduler.wait(future)
         return self._finish(seqs, start)
 
-    def _generate_static_parallel(self, prompts, params: SamplingParams, spec: DecodeSpec, stop=None) -> list[GenerationResult]:
+    def _generate_static_parallel(self, prompts, params: SamplingParams, spec: DecodeSpec, stop=None,
+                                  on_tokens=None) -> list[GenerationResult]:
         """parallel as one static left-padded batch, for a target no batched mask serves (see `_scheduled`)."""
         from .parallel import generate_parallel
         start = time.perf_counter()  # wall time includes prefill, like the busy time does
-        seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, prefill=False)
+        seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, prefill=False,
+                              on_tokens=on_tokens)
         generate_parallel(self.target, seqs, params, self.vocab_size, stop)
         return self._finish(seqs, start)
 
@@ -202,28 +204,31 @@ class Engine:
                         verify_batch: int | str | None = AUTO_BATCH, draft_policy=None,
                         policy_options: dict | None = None,
                         draft_batch: int | str | None = AUTO_BATCH, *,
-                        spec: DecodeSpec | None = None) -> list[GenerationResult]:
+                        spec: DecodeSpec | None = None, on_tokens=None) -> list[GenerationResult]:
         """The coroutine form, for callers that already run an event loop (settings as in `generate`).
-        Modes that do not go through the scheduler (see `_scheduled`) run in a thread."""
+        Modes that do not go through the scheduler (see `_scheduled`) run in a thread.
+        on_tokens(index, tokens, finish_reason): called on the engine's step thread as each prompt's
+        tokens are committed (after the stop rule; finish_reason None until the last), for streaming."""
         spec = call_spec(spec, self.default_mode, mode=mode, k_config=k_config, n_workers=n_workers,
                          verify_batch=verify_batch, draft_policy=draft_policy, policy_options=policy_options,
                          draft_batch=draft_batch)
-        return await self._agenerate(prompts, sampling_params(params), spec)
+        return await self._agenerate(prompts, sampling_params(params), spec, on_tokens)
 
-    async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec) -> list[GenerationResult]:
+    async def _agenerate(self, prompts, params: SamplingParams, spec: DecodeSpec,
+                         on_tokens=None) -> list[GenerationResult]:
         if not self._scheduled(spec.mode):
             stop = threading.Event()  # a thread cannot be cancelled: the batch reads this at each step
             try:
                 return await asyncio.to_thread(self.on_forward_thread, self._generate_static_parallel, prompts,
-                                               params, self._resolved(spec), stop)
+                                               params, self._resolved(spec), stop, on_tokens)
             except asyncio.CancelledError:
                 stop.set()  # the batch ends at its next step instead of decoding its whole budget
                 raise
-        seqs, future, start = self._submit(prompts, params, spec)
+        seqs, future, start = self._submit(prompts, params, spec, on_tokens)
         await asyncio.wrap_future(future)  # cancelling the awaiting task cancels the call
         return self._finish(seqs, start)
 
-    def _submit(self, prompts, params: SamplingParams, spec: DecodeSpec):
+    def _submit(self, prompts, params: SamplingParams, spec: DecodeSpec, on_tokens=None):
         """Check and hand one call to the scheduler: (its sequences, its future, its start time).
         Everything that can be refused is refused here, before any forward; the prefill runs on the
         step thread when the call is admitted."""
@@ -231,7 +236,7 @@ class Engine:
         spec = self._resolved(spec)
         policy = self._call_policy(spec, params)  # ar, parallel: None
         seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, spec.draft_batch,
-                              prefill=False, policy=policy)
+                              prefill=False, policy=policy, on_tokens=on_tokens)
         with_draft = _with_draft(spec.mode, policy)
         # rows that share a forward: sd and mcsd run one row at a time, so each saves what a row alone does
         load = min([len(seqs)] + [n for n in (spec.n_workers, spec.verify_limit) if n is not None])
@@ -310,7 +315,7 @@ class Engine:
         return self.policy(spec.mode, spec.k_config, params, spec.draft_policy, spec.options)
 
     def _start(self, prompts, params: SamplingParams, mode: str, k_config, verify_batch: int | str | None = 1,
-               draft_batch: int | str | None = 1, prefill: bool = True, policy=None):
+               draft_batch: int | str | None = 1, prefill: bool = True, policy=None, on_tokens=None):
         """The call's sequences (prefilled unless prefill=False). `policy`: the call's DraftPolicy; one
         that never feeds the draft model (prompt lookup) gets no draft caches and no draft checks."""
         k_config = tuple(k_config)
@@ -324,7 +329,8 @@ class Engine:
         self._check_attention(mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch, with_draft)
         self._check_context(encoded, params, with_draft)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
-        seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i)) for i, ids in enumerate(encoded)]
+        seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i), on_tokens=on_tokens)
+                for i, ids in enumerate(encoded)]
         if prefill:  # the static parallel batch scores its prompts inside its first decode forward
             self._prefill_shared(seqs, with_draft=with_draft)
         return seqs, k_config

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -42,6 +43,9 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
+    # called on the step thread with (index, tokens kept, finish_reason or None) whenever tokens are
+    # committed: a streaming caller's exact view of the sequence (the stop rule has been applied)
+    on_tokens: Callable[[int, list[int], str | None], None] | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -86,6 +90,8 @@ class Sequence:
                         self.finish_reason = "stop"
                         break
         self.stats.new_tokens = len(self.generated)
+        if self.on_tokens is not None and (kept or self.done):
+            self.on_tokens(self.index, self.generated[len(self.generated) - kept:], self.finish_reason)
         return kept
 
     def result(self) -> GenerationResult:
