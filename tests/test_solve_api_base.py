@@ -6,14 +6,8 @@ clear line with the records written so far kept."""
 from __future__ import annotations
 
 import json
-import os
+import runpy
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,45 +43,9 @@ class PrefixTask(ShortTask):
         return Prompt(user=f"answer {example.data['question']}", assistant_prefix="So ", max_new_tokens=4)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve(target: str, *args: str, timeout_s: float = 180.0):
-    """`seed-tot serve` of `target` on a free loopback port until the block ends; its base URL."""
-    port = free_port()
-    log = open(Path(target) / f"serve-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "seed_tot.cli", "serve", "--target", target, "--device", "cpu",
-                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"seed-tot serve exited with {proc.returncode}: "
-                                   f"{Path(log.name).read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"seed-tot serve did not answer /health in {timeout_s:.0f}s")
-            time.sleep(0.3)
-        yield base + "/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+# the benchmark's launcher of `seed-tot serve` (a script, not a package: its globals)
+_LOAD = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"))
+free_port, serve_subprocess = _LOAD["free_port"], _LOAD["serve_subprocess"]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +65,8 @@ def chat_model(tiny_model_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(chat_model):
-    with serve(chat_model, "--mode", "parallel") as url:
+    with serve_subprocess("--target", chat_model, "--device", "cpu", "--mode", "parallel",
+                          log_dir=Path(chat_model).parent, env={"OMP_NUM_THREADS": "1"}) as url:
         yield url
 
 
