@@ -210,3 +210,31 @@ def test_options_that_load_models_here_do_not_combine_with_api_base(data, tmp_pa
 def test_a_url_without_scheme_is_refused():
     with pytest.raises(ValueError, match="http:// or https://"):
         EndpointConfig(base_url="127.0.0.1:8000/v1")
+
+
+def test_sampled_search_on_the_server_draws_the_in_process_samples(server, local_engine, data, tmp_path):
+    """Sampling (temperature 0.8): each request is seeded with the seed the in-process engine gives its
+    first sequence, and the server seeds choice j with seed + j, so the thoughts drawn, and with them
+    the whole search, are the in-process run's."""
+    task = PrefixTask()
+    settings = apply_overrides(load_settings(None, base=task.config), mode="parallel", temperature=0.8)
+    solve_dataset(local_engine, task, task.load(data), settings=settings, output_dir=tmp_path / "here")
+    with EndpointEngine(EndpointConfig(base_url=server)) as engine:
+        solve_dataset(engine, task, task.load(data), settings=settings, output_dir=tmp_path / "there")
+    here, there = _records(tmp_path / "here"), _records(tmp_path / "there")
+    _same_search(here, there)
+    thoughts = [t for r in here.values() for step in r["steps"] for t in step["thoughts"]]
+    assert len(set(map(str, thoughts))) > 1  # samples, not one greedy answer repeated
+
+
+def test_chat_prompts_to_a_model_without_template_name_the_text_format(tiny_model_dirs, data, tmp_path):
+    """The server refuses chat messages for a tokenizer without a chat template; the run ends in one
+    line that names the server's reason and the flag that sends such a model's prompts as text."""
+    target, _ = tiny_model_dirs
+    with serve_subprocess("--target", target, "--device", "cpu", "--mode", "parallel", log_dir=tmp_path,
+                          env={"OMP_NUM_THREADS": "1"}) as url:
+        result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "out"),
+                                           "--api-base", url])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "refused POST /chat/completions with 400" in result.output
+    assert "no chat template" in result.output and "--api-prompt text" in result.output

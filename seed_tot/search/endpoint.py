@@ -266,7 +266,10 @@ class EndpointEngine:
             inner = body.get("error", body)
             if isinstance(inner, dict) and isinstance(inner.get("message"), str):
                 message = inner["message"]
-        return f"{self.config.base_url} refused {what} with {status}: {message}"
+        hint = ""
+        if what.endswith("chat/completions") and "template" in message.lower():
+            hint = " (a model without a chat template takes --api-prompt text)"
+        return f"{self.config.base_url} refused {what} with {status}: {message}{hint}"
 
 
 def _finish(reason: str | None) -> str:
