@@ -93,16 +93,13 @@ def _healthy(base: str) -> bool:
 
 
 def read_metrics(base_url: str) -> dict[str, float]:
-    """The server's /metrics as name -> value (seed_tot_ prefix dropped)."""
-    root = base_url.rsplit("/v1", 1)[0]
-    with urllib.request.urlopen(root + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("seed_tot_"):
-            name, value = line.split()
-            values[name.removeprefix("seed_tot_")] = float(value)
-    return values
+    """The server's /metrics counters (search/endpoint.py reads them for solve --api-base too)."""
+    from seed_tot.search.endpoint import server_counters
+
+    counters = server_counters(base_url)
+    if counters is None:
+        raise RuntimeError(f"{base_url}: no seed-tot counters on /metrics")
+    return counters
 
 
 # ---------------------------------------------------------------------------- the workload

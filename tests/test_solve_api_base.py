@@ -158,7 +158,11 @@ def test_cli_solve_api_base_records_the_endpoint_resumes_and_writes_the_tree_pag
     assert run["endpoint"]["base_url"] == server and run["endpoint"]["model"] == run["models"]["target"]
     assert run["endpoint"]["decoding_sent"] == ["mode"]  # --mode was given: the requests carried it
     summary = json.loads((out / "summary.json").read_text())
+    work = summary["endpoint"].pop("server_work")
     assert summary["endpoint"] == run["endpoint"] and summary["n"] == len(QUESTIONS)
+    # the server's /metrics counted this run's requests (the resumed part's: the engine connected then)
+    assert work["requests_finished_total"] > 0 and work["target_forwards_total"] > 0
+    assert work["rows_per_target_forward"] >= 1
     assert (out / "tree.html").is_file()
     assert not any("sk-secret-123" in p.read_text() for p in out.iterdir() if p.suffix in (".json", ".jsonl"))
 
@@ -238,3 +242,9 @@ def test_chat_prompts_to_a_model_without_template_name_the_text_format(tiny_mode
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "refused POST /chat/completions with 400" in result.output
     assert "no chat template" in result.output and "--api-prompt text" in result.output
+
+
+def test_server_counters_are_none_without_a_seed_tot_metrics_page():
+    from seed_tot.search.endpoint import server_counters
+
+    assert server_counters(f"http://127.0.0.1:{free_port()}/v1") is None

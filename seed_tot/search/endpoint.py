@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -116,6 +117,7 @@ class EndpointEngine:
         self._thread.start()
         self._client = self._run(self._make_client())
         self.target_name = self._run(self._resolve_model())
+        self._counters_start = server_counters(config.base_url)  # None: not a server that shows seed-tot's
         log.info("endpoint %s serves %s (%s prompts)", config.base_url, self.target_name, config.prompt_format)
 
     # ------------------------------------------------------------------ the GenerationEngine seam
@@ -146,6 +148,19 @@ class EndpointEngine:
         c = self.config
         return {"base_url": c.base_url, "model": self.target_name, "prompt_format": c.prompt_format,
                 "decoding_sent": list(c.decoding) if c.decoding is not None else None}
+
+    def server_work(self) -> dict[str, float] | None:
+        """What a seed-tot server's /metrics counted since this engine connected: its forwards, rows
+        and drafts, which `usage` does not carry. Everything the server did in that time, so other
+        clients' requests too; None for a server without seed-tot's counters."""
+        start, now = self._counters_start, server_counters(self.config.base_url)
+        if start is None or now is None:
+            return None
+        work = {name: now[name] - start.get(name, 0.0) for name in _WORK_COUNTERS if name in now}
+        forwards, offered = work.get("target_forwards_total", 0.0), work.get("draft_tokens_offered_total", 0.0)
+        work["rows_per_target_forward"] = work.get("target_rows_total", 0.0) / forwards if forwards else 0.0
+        work["acceptance_rate"] = work.get("draft_tokens_accepted_total", 0.0) / offered if offered else 0.0
+        return work
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -270,6 +285,32 @@ class EndpointEngine:
         if what.endswith("chat/completions") and "template" in message.lower():
             hint = " (a model without a chat template takes --api-prompt text)"
         return f"{self.config.base_url} refused {what} with {status}: {message}{hint}"
+
+
+# seed-tot serve's /metrics counters a run reports the change of (metric names without "seed_tot_")
+_WORK_COUNTERS = ("requests_finished_total", "prompt_tokens_total", "completion_tokens_total", "target_forwards_total",
+                  "target_prefills_total", "target_rows_total", "draft_forwards_total", "draft_tokens_offered_total",
+                  "draft_tokens_accepted_total", "target_busy_seconds_total")
+
+
+def server_counters(base_url: str) -> dict[str, float] | None:
+    """seed-tot serve's /metrics (beside /v1) as name -> value, without the "seed_tot_" prefix; None
+    where the server has no such page or it holds none of seed-tot's counters (vLLM's has its own)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(root + "/metrics", timeout=5) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("seed_tot_"):
+            try:
+                values[name.removeprefix("seed_tot_")] = float(value)
+            except ValueError:
+                continue
+    return values or None
 
 
 def _finish(reason: str | None) -> str:

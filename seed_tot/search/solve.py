@@ -218,8 +218,9 @@ class ResultsRecorder:
         summary = summarize_records(self.records())
         # the model pair, for the run header of `seed-tot view`: the engine's, else the run's recorded ones
         summary.update({**self.models, **model_names(engine)})
-        if self.endpoint:
-            summary["endpoint"] = self.endpoint
+        if self.endpoint:  # solve --api-base: where the calls went, and the server's counters when it shows them
+            work = getattr(engine, "server_work", None)
+            summary["endpoint"] = {**self.endpoint, "server_work": work() if callable(work) else None}
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),
