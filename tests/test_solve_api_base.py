@@ -248,3 +248,20 @@ def test_server_counters_are_none_without_a_seed_tot_metrics_page():
     from seed_tot.search.endpoint import server_counters
 
     assert server_counters(f"http://127.0.0.1:{free_port()}/v1") is None
+
+
+def test_a_busy_server_s_429_is_retried_until_every_problem_is_solved(tiny_model_dirs, data, tmp_path):
+    """A server that takes one request at a time and queues none answers the others 429 with
+    Retry-After; the client waits and retries, so three searches at once still all finish, with
+    the predictions of the in-process run."""
+    from seed_tot.search.endpoint import server_counters
+
+    target, _ = tiny_model_dirs
+    with serve_subprocess("--target", target, "--device", "cpu", "--mode", "parallel", "--max-running", "1",
+                          "--max-waiting", "0", log_dir=tmp_path, env={"OMP_NUM_THREADS": "1"}) as url:
+        with EndpointEngine(EndpointConfig(base_url=url, prompt_format="text")) as engine:
+            there = _solve(engine, ShortTask(), data, tmp_path / "there", concurrency=3)
+        rejected = server_counters(url)["requests_rejected_total"]
+    assert rejected > 0  # the server did refuse some: the retries were needed
+    here = Engine.from_pretrained(target=target, device="cpu", load_draft=False)
+    _same_search(_solve(here, ShortTask(), data, tmp_path / "here"), there)

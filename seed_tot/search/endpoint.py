@@ -181,8 +181,15 @@ class EndpointEngine:
 
     # ------------------------------------------------------------------ requests
     def _run(self, coroutine):
-        """Run a coroutine on the loop thread and wait for it (from any thread but that one)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        """Run a coroutine on the loop thread and wait for it (from any thread but that one). Interrupted
+        (Ctrl-C), it is cancelled: its requests' connections close, and a server that watches for
+        that (seed-tot serve) stops their rows instead of decoding them for no one."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     async def _make_client(self):
         c = self.config
