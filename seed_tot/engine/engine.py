@@ -225,7 +225,13 @@ class Engine:
                 stop.set()  # the batch ends at its next step instead of decoding its whole budget
                 raise
         seqs, future, start = self._submit(prompts, params, spec, on_tokens)
-        await asyncio.wrap_future(future)  # cancelling the awaiting task cancels the call
+        try:
+            await asyncio.wrap_future(future)  # cancelling the awaiting task cancels the call
+        except asyncio.CancelledError:
+            # the error's traceback keeps this frame, often inside a reference cycle that only the garbage
+            # collector breaks: without this the cancelled rows, and so their KV slots, would live on with it
+            del seqs
+            raise
         return self._finish(seqs, start)
 
     def _submit(self, prompts, params: SamplingParams, spec: DecodeSpec, on_tokens=None):

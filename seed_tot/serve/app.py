@@ -203,6 +203,19 @@ async def _until_disconnected(request: Request, work):
     return task.result()  # CancelledError when the client left: nobody reads the answer
 
 
+def _include_usage(req: SamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+async def _answer(server: Server, job: Job, request: Request):
+    """A non-streamed job's results and log-probabilities, once it has a place in the queue."""
+    async with server.runner.admitted():
+        results = await _until_disconnected(request, server.run(job))
+        scores = await server.scores(job, results)
+    server.runner.metrics.finished += 1
+    return results, scores
+
+
 def build_app(server: Server) -> FastAPI:
     app = FastAPI(title="seed-tot", docs_url=None, redoc_url=None)
     install_handlers(app)
@@ -224,14 +237,9 @@ def build_app(server: Server) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         job = server.completion_job(req)
-        runner.metrics.add_prompt_tokens(sum(len(p) for p in job.prompts))
         if req.stream:
-            return await _stream(server, job, chat=False, include_usage=bool(req.stream_options and
-                                                                              req.stream_options.include_usage))
-        async with runner.admitted():
-            results = await _until_disconnected(request, server.run(job))
-            scores = await server.scores(job, results)
-        runner.metrics.finished += 1
+            return await _stream(server, job, chat=False, include_usage=_include_usage(req))
+        results, scores = await _answer(server, job, request)
         choices = []
         for i, (row, result, score) in enumerate(zip(job.rows, results, scores)):
             prompt_text = job.prompt_texts[i // job.n]
@@ -245,14 +253,9 @@ def build_app(server: Server) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         job = server.chat_job(req)
-        runner.metrics.add_prompt_tokens(len(job.prompts[0]))
         if req.stream:
-            return await _stream(server, job, chat=True, include_usage=bool(req.stream_options and
-                                                                             req.stream_options.include_usage))
-        async with runner.admitted():
-            results = await _until_disconnected(request, server.run(job))
-            scores = await server.scores(job, results)
-        runner.metrics.finished += 1
+            return await _stream(server, job, chat=True, include_usage=_include_usage(req))
+        results, scores = await _answer(server, job, request)
         choices = [ChatChoice(index=i, message=AssistantMessage(content=result.text),
                               logprobs=server.chat_logprobs(row, result, score) if score is not None else None,
                               finish_reason=OPENAI_FINISH[result.finish_reason])

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
 @click.option("--served-model-name", default=None,
-              help="The model name requests give (default: --target as given, else the embedded model's id).")
+              help="The model name requests give (default: --target as given, else the embedded model's Hub id).")
 @click.option("--max-running", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests in the engine at once; more wait in the queue.")
 @click.option("--max-waiting", type=click.IntRange(min=0), default=256, show_default=True,
@@ -47,6 +47,7 @@ def serve_command(target, draft, draft_layers, device, dtype, mode, k_config, n_
         raise click.ClickException(f"seed-tot serve needs FastAPI and uvicorn ({err}): "
                                    f"pip install \"seed-tot[serve]\"") from None
     from seed_tot.engine.decode_spec import DRAFTING_MODES, DecodeSpec
+    from seed_tot.engine.models import DEFAULT_TARGET_HUB_ID
 
     spec = DecodeSpec(mode=mode or "seed", k_config=k_config or (1, 1, 1), n_workers=n_workers,
                       verify_batch=verify_batch, draft_batch=draft_batch,
@@ -55,7 +56,7 @@ def serve_command(target, draft, draft_layers, device, dtype, mode, k_config, n_
     engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode] if mode else DRAFTING_MODES)
     if mode is None:
         spec = spec.replace(mode=engine.default_mode)
-    name = served_model_name or engine.target_name
+    name = served_model_name or target or DEFAULT_TARGET_HUB_ID  # the embedded model by its Hub id, not its file
     server = Server(EngineRunner(engine, spec, max_running, max_waiting), name)
     click.echo(f"seed-tot serve: {name} (mode {spec.mode}, draft {engine.draft_name}) on http://{host}:{port}/v1",
                err=True)

@@ -59,7 +59,7 @@ class ServerMetrics:
                 ("requests_finished_total", "counter", "Requests answered.", self.finished),
                 ("requests_rejected_total", "counter", "Requests refused with 429 (queue full).", self.rejected),
                 ("requests_cancelled_total", "counter", "Requests whose client went away first.", self.cancelled),
-                ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", self.prompt_tokens),
+                ("prompt_tokens_total", "counter", "Prompt tokens of the rows handed to the engine (a prompt once per choice).", self.prompt_tokens),
                 ("completion_tokens_total", "counter", "Tokens generated.", self.completion_tokens),
                 ("draft_tokens_offered_total", "counter", "Draft tokens rounds could accept (tree depth).",
                  self.draft_depth),

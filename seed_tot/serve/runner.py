@@ -84,7 +84,12 @@ class EngineRunner:
                        on_tokens=None) -> list[GenerationResult]:
         """One engine call for every row of a request (its prompts times n). Cancelling the awaiting
         task cancels the call: its rows leave at the engine's next step and their KV slots are freed."""
+        self.metrics.add_prompt_tokens(sum(len(row) for row in rows))
         try:
+            # the call's draft policy first, in a worker thread: building one may calibrate (seconds of
+            # forwards), which inside agenerate's submission would stall every other request's I/O
+            await asyncio.to_thread(self.engine.policy, spec.mode, spec.k_config, params, spec.draft_policy,
+                                    spec.options)
             results = await self.engine.agenerate(rows, params, spec=spec, on_tokens=on_tokens)
         except asyncio.CancelledError:
             self.metrics.cancelled += 1
