@@ -6,8 +6,7 @@ clear line with the records written so far kept."""
 from __future__ import annotations
 
 import json
-import runpy
-import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,11 @@ from seed_tot.engine import Engine  # noqa: E402
 from seed_tot.search import apply_overrides, load_settings, solve_dataset  # noqa: E402
 from seed_tot.search.endpoint import EndpointConfig, EndpointEngine, EndpointError  # noqa: E402
 from seed_tot.search.protocol import Example, Prompt, State  # noqa: E402
+from serve_fixtures import ServerProcess, free_port, save_models  # noqa: E402
 from short_task import ShortTask  # noqa: E402
 
 SHORT_TASK = f"{Path(__file__).with_name('short_task.py')}:ShortTask"
 QUESTIONS = ["apples", "pens", "pages"]
-# role tags and the message, nothing trimmed: continuing an assistant message renders as the
-# generation prompt plus that message, as engine.render_prompt writes it
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if not loop.last %}\n{% endif %}"
-                 "{% endfor %}{% if add_generation_prompt %}\n<assistant>{% endif %}")
 
 
 class PrefixTask(ShortTask):
@@ -43,30 +39,28 @@ class PrefixTask(ShortTask):
         return Prompt(user=f"answer {example.data['question']}", assistant_prefix="So ", max_new_tokens=4)
 
 
-# the benchmark's launcher of `seed-tot serve` (a script, not a package: its globals)
-_LOAD = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"))
-free_port, serve_subprocess = _LOAD["free_port"], _LOAD["serve_subprocess"]
+@contextmanager
+def serve_subprocess(*args: str, log_dir: Path):
+    """`seed-tot serve ARGS` on a free loopback port (the server tests' launcher) until the block ends."""
+    server = ServerProcess(list(args), Path(log_dir) / "serve.log")
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
-def chat_model(tiny_model_dirs, tmp_path_factory):
-    """The tiny target with a chat template in its tokenizer (the in-process engine and the server
-    both render prompts with it)."""
-    from transformers import AutoTokenizer
-
-    target, _ = tiny_model_dirs
-    path = tmp_path_factory.mktemp("chat") / "target"
-    shutil.copytree(target, path)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(path)
-    return str(path)
+def chat_model(tmp_path_factory):
+    """A tiny target whose tokenizer has a chat template that keeps the assistant's text as given
+    (the in-process engine and the server both render prompts with it)."""
+    target, _ = save_models(tmp_path_factory.mktemp("chat"))
+    return target
 
 
 @pytest.fixture(scope="module")
 def server(chat_model):
     with serve_subprocess("--target", chat_model, "--device", "cpu", "--mode", "parallel",
-                          log_dir=Path(chat_model).parent, env={"OMP_NUM_THREADS": "1"}) as url:
+                          log_dir=Path(chat_model).parent) as url:
         yield url
 
 
@@ -235,8 +229,7 @@ def test_chat_prompts_to_a_model_without_template_name_the_text_format(tiny_mode
     """The server refuses chat messages for a tokenizer without a chat template; the run ends in one
     line that names the server's reason and the flag that sends such a model's prompts as text."""
     target, _ = tiny_model_dirs
-    with serve_subprocess("--target", target, "--device", "cpu", "--mode", "parallel", log_dir=tmp_path,
-                          env={"OMP_NUM_THREADS": "1"}) as url:
+    with serve_subprocess("--target", target, "--device", "cpu", "--mode", "parallel", log_dir=tmp_path) as url:
         result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "out"),
                                            "--api-base", url])
     assert result.exit_code == 1 and "Traceback" not in result.output
@@ -258,7 +251,7 @@ def test_a_busy_server_s_429_is_retried_until_every_problem_is_solved(tiny_model
 
     target, _ = tiny_model_dirs
     with serve_subprocess("--target", target, "--device", "cpu", "--mode", "parallel", "--max-running", "1",
-                          "--max-waiting", "0", log_dir=tmp_path, env={"OMP_NUM_THREADS": "1"}) as url:
+                          "--max-waiting", "0", log_dir=tmp_path) as url:
         with EndpointEngine(EndpointConfig(base_url=url, prompt_format="text")) as engine:
             there = _solve(engine, ShortTask(), data, tmp_path / "there", concurrency=3)
         rejected = server_counters(url)["requests_rejected_total"]
