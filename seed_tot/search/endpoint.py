@@ -61,8 +61,8 @@ class EndpointConfig:
     requests carry (None: the only one /v1/models lists). api_key_env: the environment variable
     holding the key, never the key itself (so that run.json and logs cannot leak it). decoding: the
     DecodeSpec fields sent with every request as extra body fields (seed-tot serve decodes with
-    them; None sends none and the server decodes as it was started). max_in_flight: requests one
-    call sends at once."""
+    them; None sends none and the server decodes as it was started). max_in_flight: requests in
+    flight at once, over every call of every thread."""
 
     base_url: str
     model: str | None = None
@@ -115,8 +115,13 @@ class EndpointEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="endpoint-loop", daemon=True)
         self._thread.start()
-        self._client = self._run(self._make_client())
-        self.target_name = self._run(self._resolve_model())
+        self._client = None
+        try:
+            self._client = self._run(self._make_client())
+            self.target_name = self._run(self._resolve_model())
+        except BaseException:
+            self.close()  # no loop thread or connection left behind by a server that cannot be used
+            raise
         self._counters_start = server_counters(config.base_url)  # None: not a server that shows seed-tot's
         log.info("endpoint %s serves %s (%s prompts)", config.base_url, self.target_name, config.prompt_format)
 
@@ -166,7 +171,8 @@ class EndpointEngine:
         if self._loop.is_closed():
             return
         try:
-            self._run(self._client.close())
+            if self._client is not None:
+                self._run(self._client.close())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
