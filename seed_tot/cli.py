@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from seed_tot.cli_endpoint import check_endpoint_options, endpoint_options, solve_on_endpoint
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
                                   check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
                                   pipeline_options, policy_kwargs, policy_options)
@@ -204,10 +205,11 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @click.option("--search-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="With --ray: a problem's search still running after this long is recorded as failed (--resume "
                    "tries it again) and its engine replaced by a new one [default: no limit].")
+@endpoint_options
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, depth, breadth, n_generate, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          search_timeout, view_page, as_json):
+          search_timeout, view_page, as_json, **api):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -221,6 +223,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker,
                 "--search-timeout": search_timeout}
     given = [name for name, value in ray_only.items() if value is not None]
+    api_decoding = check_endpoint_options(click.get_current_context(), api)  # --api-base: the server's models
     if ray_address is None and given:
         raise click.UsageError(f"{', '.join(given)} only apply with --ray")
     if ray_address is not None and trace_dir is not None:
@@ -250,11 +253,12 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                 write_run_page(output, task)
             _echo_summary(summary, output, as_json, time.perf_counter() - start)
             return
-    if ray_address is not None:
+    if api["api_base"] is not None or ray_address is not None:
         start = time.perf_counter()
-        summary = _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
-                                output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency, search_timeout,
-                                source)
+        summary = (solve_on_endpoint(api, api_decoding, task, examples, settings, output, resume, concurrency, source)
+                   if ray_address is None else
+                   _solve_on_ray(ray_address, (target, draft, draft_layers, device, dtype), task, examples, settings,
+                                 output, resume, workers, gpus_per_worker, cpus_per_worker, concurrency, search_timeout, source))
         if view_page:
             write_run_page(output, task)
         _echo_summary(summary, output, as_json, time.perf_counter() - start)

@@ -32,10 +32,13 @@ _PROVENANCE = ("source", "task")
 
 
 def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
-                 models: dict[str, str] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+                 models: dict[str, str] | None = None, data: dict[str, Any] | None = None,
+                 endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """The identity a run's records share (`settings`: RunSettings.to_dict(); `algorithm`: the one
     the run resolved; `models`: role -> model name, None when the caller does not know them;
-    `data`: data_source.data_source(), None when the caller does not know it)."""
+    `data`: data_source.data_source(), None when the caller does not know it; `endpoint`: where the
+    calls went when a server ran them (search/endpoint.py), recorded but not compared: the same model
+    served at another address resumes)."""
     kept = {k: v for k, v in settings.items() if k not in _PROVENANCE}
     kept["algorithm"] = algorithm
     identity: dict[str, Any] = {"task": task_name, "settings": kept}
@@ -43,6 +46,8 @@ def run_identity(task_name: str, settings: dict[str, Any], algorithm: str,
         identity["models"] = dict(models)
     if data:
         identity["data"] = dict(data)
+    if endpoint:
+        identity["endpoint"] = dict(endpoint)
     return identity
 
 

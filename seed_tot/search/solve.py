@@ -124,10 +124,12 @@ class ResultsRecorder:
 
     def __init__(self, task: Task, examples: Sequence[Example], *, settings: RunSettings, algorithm: str,
                  output_dir: str | Path, resume: bool, models: dict[str, str] | None = None,
-                 data: dict[str, Any] | None = None, policy: str | None = None):
+                 data: dict[str, Any] | None = None, policy: str | None = None,
+                 endpoint: dict[str, Any] | None = None):
         self.task, self.settings, self.algorithm, self.models = task, settings, algorithm, models or {}
         self.policy = policy  # the draft policy that runs, by its real name (None: the mode drafts nothing)
         self.data = data  # where the examples came from (data_source.py), None when the caller does not know
+        self.endpoint = endpoint  # the server that ran the calls (solve --api-base), for run.json and the summary
         self.out = Path(output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results_path = self.out / RESULTS_FILE
@@ -145,7 +147,7 @@ class ResultsRecorder:
         task, settings, algorithm, models = self.task, self.settings, self.algorithm, self.models
         # records made with other settings or data must not be appended to and summarised as these
         # (run_identity.py); checked before results.jsonl is touched, so a refused resume changes nothing
-        identity = run_identity(task.name, settings.to_dict(), algorithm, models, self.data)
+        identity = run_identity(task.name, settings.to_dict(), algorithm, models, self.data, self.endpoint)
         if self.policy:  # for the page of an interrupted run; not compared: a policy changes speed, not records
             identity["policy"] = self.policy
         unrecorded_data = False
@@ -234,6 +236,9 @@ class ResultsRecorder:
         threads = engine.threads_report() if hasattr(engine, "threads_report") else None
         if threads is not None:  # a CPU engine's intra-op threads: the choice and how it moved (cpu_threads.py)
             summary["cpu_threads"] = threads
+        if self.endpoint:  # solve --api-base: where the calls went, and the server's counters when it shows them
+            work = getattr(engine, "server_work", None)
+            summary["endpoint"] = {**self.endpoint, "server_work": work() if callable(work) else None}
         summary.update({"task": self.task.name, "algorithm": self.algorithm, "mode": settings.decode.mode,
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),
@@ -299,7 +304,8 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
     algorithm = resolve_algorithm(settings, algorithm)
     with ResultsRecorder(task, examples, settings=settings, algorithm=algorithm, output_dir=output_dir,
                          resume=resume, models=model_names(engine), data=data,
-                         policy=policy_that_runs(engine, settings)) as recorder:
+                         policy=policy_that_runs(engine, settings),
+                         endpoint=getattr(engine, "endpoint_identity", None)) as recorder:
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:
