@@ -14,6 +14,7 @@ from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, che
                                   pipeline_options, policy_kwargs, policy_options)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec
 from seed_tot.engine.pipeline import PIPELINE_MODES
+from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
 from seed_tot.view.command import view_command, write_run_page
 
 log = logging.getLogger("seed_tot")
@@ -154,7 +155,9 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @model_options
 @click.option("--k-config", callback=parse_k_config, default=None,
               help="sd/mcsd/seed: draft tree shape, e.g. 1,1,1 (a chain) or 2,2,1 (default: the config's).")
-@click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None, help="Tree search (default: the config's).")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default=None,
+              help="Tree search, or the cot / cot-sc baselines (default: the config's).")
+@algorithm_options
 @click.option("--temperature", type=float, default=None, help="Of every call, 0 = greedy (default: the config's).")
 @click.option("--max-new-tokens", type=int, default=None, help="Caps every call (default: the config's).")
 @click.option("--n-workers", type=int, callback=decode_setting("n_workers"), default=None,
@@ -190,7 +193,7 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          search_timeout, view_page, as_json):
+          search_timeout, view_page, as_json, **algorithm_settings):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -216,7 +219,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     check_output_free(Path(output))  # another run writing there fails now, not after the models load
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
-                               draft_batch=draft_batch, seed=seed,
+                               draft_batch=draft_batch, seed=seed, **algorithm_settings,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
     check_policy_setting(settings.decode,
                          "--policy-option" if policy_option or draft_policy else settings.source or "config")
@@ -398,6 +401,7 @@ def _register_bench() -> None:
     main.add_command(train_head_command)
     main.add_command(train_drafter_command)
     main.add_command(view_command)
+    main.add_command(compare_command)
 
 
 _register_bench()

@@ -121,6 +121,7 @@ class CreativeWriting:
     """The `Task` for Creative Writing; `prompts` defaults to seed_tot/prompts/creative_writing.yaml."""
 
     name = "creative_writing"
+    value_range = (VALUE_MIN, VALUE_MAX)  # MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

@@ -114,6 +114,7 @@ class GSM8K:
     """The `Task` for GSM8K; `prompts` defaults to seed_tot/prompts/gsm8k.yaml."""
 
     name = "gsm8k"
+    value_range = (VALUE_MIN, VALUE_MAX)  # MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

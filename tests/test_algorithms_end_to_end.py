@@ -1,0 +1,68 @@
+"""Every algorithm on real parts: greedy records identical across ar, parallel and seed on tiny
+models, and the custom-task guide's Game of 24 (examples/game24.py) under each algorithm."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from scripted_engine import ScriptedEngine
+from short_task import ShortTask
+from test_game24_example import STEPS, VERDICTS, game24  # noqa: F401 -- game24 is the module fixture
+
+from seed_tot.engine import Engine
+from seed_tot.search import apply_overrides, load_settings, solve_dataset
+
+ALGORITHMS = ("bfs", "dfs", "cot", "cot-sc", "mcts")
+OPTIONS = {"samples": 3, "iterations": 3, "parallel_leaves": 2, "max_expansions": 3}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dirs):
+    target, draft = tiny_model_dirs
+    return Engine.from_pretrained(target=target, draft=draft, device="cpu")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_greedy_records_are_identical_across_ar_parallel_and_seed(engine, tmp_path: Path, algorithm: str):
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in ("apples", "pens")))
+    task = ShortTask()
+    trees = {}
+    for mode in ("ar", "parallel", "seed"):
+        settings = apply_overrides(load_settings(None, base=task.config), mode=mode, temperature=0.0,
+                                   algorithm=algorithm, **OPTIONS)
+        out = tmp_path / mode
+        summary = solve_dataset(engine, task, task.load(str(data)), settings=settings, output_dir=out)
+        records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        trees[mode] = {r["id"]: (r["prediction"], r["steps"], r["best_state"]) for r in records}
+        assert summary["algorithm"] == algorithm and summary["mean_new_tokens"] > 0
+    assert trees["parallel"] == trees["ar"] and trees["seed"] == trees["ar"]
+    assert all(steps for _, steps, _ in trees["ar"].values())
+
+
+def respond(user: str, copy: int) -> str:
+    """The guide test's script, with a move and a verdict for the states only other searches reach."""
+    if user.rstrip().endswith("Next step:"):
+        numbers = re.findall(r"Input: (.*)", user)[-1]
+        return STEPS.get(numbers, ["1 + 1 = 3 (left: 3)"] * 3)[copy]  # illegal: valued 0 without the model
+    if "sure, likely or impossible" in user:
+        return VERDICTS.get(re.findall(r"Numbers: (.*)", user)[-1], "impossible")
+    if "Steps:" in user:
+        return " (6 - 4) * (4 + 8) = 24"
+    raise AssertionError(f"unexpected prompt {user!r}")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_game24_custom_task_runs_under_each_algorithm(game24, tmp_path: Path, algorithm: str):  # noqa: F811
+    task = game24.Game24()
+    settings = apply_overrides(load_settings(None, base=task.config), algorithm=algorithm,
+                               iterations=6, parallel_leaves=2, samples=3)
+    engine = ScriptedEngine(respond)
+    summary = solve_dataset(engine, task, task.load(limit=1), settings=settings, output_dir=tmp_path)
+    record = json.loads((tmp_path / "results.jsonl").read_text())
+    assert summary["n"] == 1 and summary["accuracy"] == 1.0 and record["steps"]
+    assert record["cost"]["engine_calls"] == len(engine.calls)
+    if algorithm == "mcts":  # the search reached 24 along the scripted "sure" path
+        assert record["best_state"][-1] == "2 * 12 = 24 (left: 24)"
