@@ -230,3 +230,48 @@ def test_wilson_interval():
     assert low == 0.0 and high == pytest.approx(0.2039, abs=1e-4)
     low, high = wilson(15, 30)
     assert low == pytest.approx(0.3315, abs=1e-4) and high == pytest.approx(0.6685, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------- the tree page and compare
+def test_the_tree_page_draws_mcts_visits_means_and_expansion_order(tmp_path: Path):
+    from seed_tot.view.page_data import build_page_data, load_run
+    solve(tmp_path, "mcts", iterations=3, parallel_leaves=2)
+    record = read_lines(tmp_path)[0]
+    nodes = build_page_data([load_run(tmp_path)])["problems"][0]["runs"][0]["nodes"]
+    first = [n for n in nodes if n["s"] == 0]
+    assert [n["n"] for n in first] == record["steps"][0]["visits"]
+    assert [n["q"] for n in first] == record["steps"][0]["mean_values"]
+    expanded = [n for n in nodes if "o" in n]
+    # every expansion but the root's is drawn on the node it expanded, in the order of the steps
+    assert sorted(n["o"] for n in expanded) == list(range(1, len(record["steps"])))
+    for n in expanded:
+        assert record["steps"][n["o"]]["frontier"] == [record["steps"][n["s"]]["new_states"][n["i"]]]
+    assert all(n["p"] == -1 for n in first) and any(n["p"] >= 0 for n in nodes)
+
+
+def test_the_tree_page_draws_the_chains_and_the_vote_of_cot_sc(tmp_path: Path):
+    from seed_tot.view.page_data import build_page_data, load_run
+    solve(tmp_path, "cot-sc", samples=3)
+    entry = build_page_data([load_run(tmp_path)])["problems"][0]["runs"][0]
+    assert entry["votes"] == {"b/b2": 3} and [n["pr"] for n in entry["nodes"]] == ["b/b2"] * 3
+    assert [n["k"] for n in entry["nodes"]] == [0, 1, 2] and "n" not in entry["nodes"][0]
+
+
+def test_compare_prints_accuracy_interval_tokens_and_problems_per_hour(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from seed_tot.cli import main
+    solve(tmp_path / "cot", "cot")
+    solve(tmp_path / "mcts", "mcts", iterations=2, parallel_leaves=2)
+    result = CliRunner().invoke(main, ["compare", str(tmp_path / "cot"), str(tmp_path / "mcts")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    cot_row, mcts_row = lines[2], lines[3]
+    mean_new = json.loads((tmp_path / "cot" / "summary.json").read_text())["mean_new_tokens"]
+    assert "| cot " in cot_row and "mcts it=2 m=2" in mcts_row
+    # 2 of the 3 problems' gold is b/b2, which the scripted answer writes: 0.667, Wilson 0.208-0.939
+    assert "0.667 (2/3)" in cot_row and "0.208-0.939" in cot_row and f"{mean_new:.1f}" in cot_row
+    rows = [json.loads(line) for line in CliRunner().invoke(main, ["compare", "--json", str(tmp_path / "cot")]).output.splitlines()]
+    assert rows[0]["n"] == 3 and rows[0]["problems_per_h"] > 0
+    missing = CliRunner().invoke(main, ["compare", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "no results.jsonl" in missing.output

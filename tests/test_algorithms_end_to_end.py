@@ -66,3 +66,29 @@ def test_the_game24_custom_task_runs_under_each_algorithm(game24, tmp_path: Path
     assert record["cost"]["engine_calls"] == len(engine.calls)
     if algorithm == "mcts":  # the search reached 24 along the scripted "sure" path
         assert record["best_state"][-1] == "2 * 12 = 24 (left: 24)"
+
+
+def test_seed_tot_view_draws_mcts_and_cot_sc_trees_in_a_browser(tmp_path: Path):
+    """The page opens both runs' problem without script errors and shows MCTS's visits, mean reward
+    and expansion order on the nodes, and CoT-SC's chains with their predictions and the vote."""
+    from click.testing import CliRunner
+    from test_algorithms import solve
+
+    from seed_tot.cli import main
+    from seed_tot.view.browser import console_errors, headless_chromium, missing_reason, open_page
+
+    if missing_reason() is not None:
+        pytest.skip(f"no headless browser: {missing_reason()}")
+    solve(tmp_path / "mcts", "mcts", iterations=3, parallel_leaves=2)
+    solve(tmp_path / "cot-sc", "cot-sc", samples=3)
+    page = tmp_path / "page.html"
+    result = CliRunner().invoke(main, ["view", str(tmp_path / "mcts"), str(tmp_path / "cot-sc"), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    with headless_chromium() as driver:
+        open_page(driver, page, "#e1")
+        mcts_col, cot_col = driver.find_elements("css selector", ".tree-col")
+        badges = [b.text for b in mcts_col.find_elements("css selector", "li.node > .head .badge")]
+        assert any(b.startswith("N 2 Q ") for b in badges) and "#2 expanded" in badges
+        assert 'Vote: "b/b2" 3' in cot_col.text
+        assert len([b for b in cot_col.find_elements("css selector", ".badge") if b.text == "→ b/b2"]) == 3
+        assert console_errors(driver) == []
