@@ -25,21 +25,23 @@ def engine(tiny_model_dirs):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_greedy_records_are_identical_across_ar_parallel_and_seed(engine, tmp_path: Path, algorithm: str):
+def test_greedy_records_are_identical_across_ar_parallel_seed_and_concurrency(engine, tmp_path: Path, algorithm: str):
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in ("apples", "pens")))
     task = ShortTask()
     trees = {}
-    for mode in ("ar", "parallel", "seed"):
+    for mode, concurrency in (("ar", 1), ("parallel", 1), ("seed", 1), ("seed", 2)):
         settings = apply_overrides(load_settings(None, base=task.config), mode=mode, temperature=0.0,
                                    algorithm=algorithm, **OPTIONS)
-        out = tmp_path / mode
-        summary = solve_dataset(engine, task, task.load(str(data)), settings=settings, output_dir=out)
+        out = tmp_path / f"{mode}-{concurrency}"
+        summary = solve_dataset(engine, task, task.load(str(data)), settings=settings, output_dir=out,
+                                concurrency=concurrency)
         records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-        trees[mode] = {r["id"]: (r["prediction"], r["steps"], r["best_state"]) for r in records}
+        trees[out.name] = {r["id"]: (r["prediction"], r["steps"], r["best_state"]) for r in records}
         assert summary["algorithm"] == algorithm and summary["mean_new_tokens"] > 0
-    assert trees["parallel"] == trees["ar"] and trees["seed"] == trees["ar"]
-    assert all(steps for _, steps, _ in trees["ar"].values())
+    assert trees["parallel-1"] == trees["ar-1"] and trees["seed-1"] == trees["ar-1"]
+    assert trees["seed-2"] == trees["ar-1"]  # two problems searched at once on the one engine
+    assert all(steps for _, steps, _ in trees["ar-1"].values())
 
 
 def respond(user: str, copy: int) -> str:

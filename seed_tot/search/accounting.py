@@ -2,7 +2,7 @@
 
 Every record carries "cost": the new tokens generated, the prompt tokens the target scored
 (prefill; stretches a cache already held cost nothing), the engine calls made and the wall time of
-the problem; summary.json carries their means and problems per hour. `wilson` gives accuracy's
+the problem; summary.json carries their means. `wilson` gives accuracy's
 95% interval for `seed-tot compare`.
 """
 from __future__ import annotations
@@ -24,16 +24,18 @@ def problem_cost(phase_stats: Mapping[str, Mapping[str, Any]], engine_calls: int
 
 
 def summarize_costs(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean cost per problem over the records that carry one (older records do not), and
-    problems per hour from the mean wall time (one problem at a time)."""
+    """Mean new tokens, prompt tokens and engine calls per problem over the records that carry a
+    cost (older records do not). The mean wall time is summary.json's mean_wall_s already."""
     costs = [r["cost"] for r in records if isinstance(r.get("cost"), Mapping)]
     if not costs:
         return {}
-    means = {f"mean_{name}": sum(float(c.get(name, 0.0)) for c in costs) / len(costs) for name in COST_FIELDS}
-    summary = {"mean_new_tokens": means["mean_new_tokens"], "mean_prompt_tokens": means["mean_prompt_tokens"],
-               "mean_engine_calls": means["mean_engine_calls"]}
-    summary["problems_per_h"] = 3600.0 / means["mean_wall_s"] if means["mean_wall_s"] > 0 else None
-    return summary
+    return {f"mean_{name}": sum(float(c.get(name, 0.0)) for c in costs) / len(costs)
+            for name in COST_FIELDS if name != "wall_s"}
+
+
+def problems_per_hour(mean_wall_s: float | None) -> float | None:
+    """One problem at a time: 3600 / the mean wall time per problem (a concurrent run did more)."""
+    return 3600.0 / mean_wall_s if mean_wall_s else None
 
 
 def wilson(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:

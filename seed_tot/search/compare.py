@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from .accounting import summarize_costs, wilson
+from .accounting import problems_per_hour, wilson
 from .results_file import summarize_records
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def run_row(directory: str | Path) -> dict[str, Any]:
     identity = _read_json(directory / "run.json") or {}
     settings = summary.get("settings") or identity.get("settings") or {}
     algorithm = summary.get("algorithm") or settings.get("algorithm")
-    figures = {**summarize_records(records), **summarize_costs(records)}
+    figures = summarize_records(records)
     scored = [r for r in records if "correct" in r]
     right = sum(bool(r["correct"]) for r in scored)
     low, high = wilson(right, len(scored))
@@ -69,7 +69,7 @@ def run_row(directory: str | Path) -> dict[str, Any]:
             "n": len(records), "scored": len(scored), "correct": right,
             "accuracy": right / len(scored) if scored else None, "interval": [low, high] if scored else None,
             "mean_new_tokens": figures.get("mean_new_tokens"), "mean_prompt_tokens": figures.get("mean_prompt_tokens"),
-            "mean_engine_calls": figures.get("mean_engine_calls"), "problems_per_h": figures.get("problems_per_h")}
+            "mean_engine_calls": figures.get("mean_engine_calls"), "problems_per_h": problems_per_hour(figures.get("mean_wall_s"))}
 
 
 def _cell(value: Any, digits: int = 1) -> str:
