@@ -94,3 +94,33 @@ def test_seed_tot_view_draws_mcts_and_cot_sc_trees_in_a_browser(tmp_path: Path):
         assert 'Vote: "b/b2" 3' in cot_col.text
         assert len([b for b in cot_col.find_elements("css selector", ".badge") if b.text == "→ b/b2"]) == 3
         assert console_errors(driver) == []
+
+
+def test_the_command_line_runs_each_algorithm_and_compares_the_runs(tmp_path: Path, tiny_model_dirs):
+    """What the benchmark note's commands do, on tiny models: solve under each algorithm (with
+    --resume of a finished run), then one `seed-tot compare` table with a row per run."""
+    from click.testing import CliRunner
+
+    from seed_tot.cli import main
+    target, draft = tiny_model_dirs
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "apples", "answer": "1"}) + "\n")
+    task = f"{Path(__file__).resolve().parent / 'short_task.py'}:ShortTask"
+    flags = {"cot": [], "cot-sc": ["--samples", "3"], "bfs": [], "dfs": [],
+             "mcts": ["--iterations", "3", "--parallel-leaves", "2", "--exploration", "1.4", "--mcts-answer", "value"]}
+    runs = []
+    for algorithm, extra in flags.items():
+        out = str(tmp_path / algorithm)
+        args = ["solve", task, "--data", str(data), "--target", target, "--draft", draft, "--mode", "seed",
+                "--algorithm", algorithm, *extra, "--output", out]
+        for again in ([], ["--resume"]):
+            result = CliRunner().invoke(main, args + again)
+            assert result.exit_code == 0, result.output
+        runs.append(out)
+    settings = json.loads((tmp_path / "mcts" / "summary.json").read_text())["settings"]
+    assert (settings["iterations"], settings["parallel_leaves"], settings["exploration"], settings["mcts_answer"]) \
+        == (3, 2, 1.4, "value")
+    result = CliRunner().invoke(main, ["compare", *runs])
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[2:]
+    assert [row.split("|")[3].strip() for row in rows] == ["cot", "cot-sc k=3", "bfs", "dfs", "mcts it=3 m=2"]
