@@ -247,6 +247,8 @@ def test_the_tree_page_draws_mcts_visits_means_and_expansion_order(tmp_path: Pat
     for n in expanded:
         assert record["steps"][n["o"]]["frontier"] == [record["steps"][n["s"]]["new_states"][n["i"]]]
     assert all(n["p"] == -1 for n in first) and any(n["p"] >= 0 for n in nodes)
+    # each expansion's rows were found in the batched calls: every thought and value has its counters
+    assert all(w is not None for step in record["node_work"] for w in step["thought_work"] + step["value_work"])
 
 
 def test_the_tree_page_draws_the_chains_and_the_vote_of_cot_sc(tmp_path: Path):
@@ -275,3 +277,12 @@ def test_compare_prints_accuracy_interval_tokens_and_problems_per_hour(tmp_path:
     assert rows[0]["n"] == 3 and rows[0]["problems_per_h"] > 0
     missing = CliRunner().invoke(main, ["compare", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "no results.jsonl" in missing.output
+
+
+def test_cot_sc_chains_carry_their_engine_work_on_the_page(tmp_path: Path):
+    solve(tmp_path, "cot-sc", samples=3)
+    record = read_lines(tmp_path)[0]
+    work = record["node_work"][0]
+    # the scripted engine counts 2 tokens per word; each chain is one word
+    assert [w["new_tokens"] for w in work["thought_work"]] == [2, 2, 2]
+    assert work["call_work"]["thought"]["new_tokens"] == 6 and work["value_work"] == [None] * 3
