@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
+from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
                                   check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
                                   pipeline_options, policy_kwargs, policy_options)
 from seed_tot.engine.decode_spec import DRAFTING_MODES, MODES, DecodeSpec
 from seed_tot.engine.pipeline import PIPELINE_MODES
-from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
 from seed_tot.view.command import view_command, write_run_page
 
 log = logging.getLogger("seed_tot")
