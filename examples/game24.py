@@ -139,6 +139,7 @@ def evaluate(expression: str) -> tuple[Fraction, list[Fraction]]:
 
 class Game24:
     name = "game24"
+    value_range = (ILLEGAL, VALUES["sure"])  # optional: MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None):
         # 3 steps take 4 numbers to 1; ToT samples several steps per state and keeps the best few

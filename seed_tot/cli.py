@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from seed_tot.cli_endpoint import check_endpoint_options, endpoint_options, solve_on_endpoint
+from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
                                   check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
                                   pipeline_options, policy_kwargs, policy_options)
@@ -169,7 +170,9 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @model_options
 @click.option("--k-config", callback=parse_k_config, default=None,
               help="sd/mcsd/seed: draft tree shape, e.g. 1,1,1 (a chain) or 2,2,1 (default: the config's).")
-@click.option("--algorithm", type=click.Choice(["bfs", "dfs"]), default=None, help="Tree search (default: the config's).")
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default=None,
+              help="Tree search, or the cot / cot-sc baselines (default: the config's).")
+@algorithm_options
 @click.option("--depth", type=int, default=None, help="ToT steps per problem (default: the config's).")
 @click.option("--breadth", type=int, default=None, help="States kept per step (default: the config's).")
 @click.option("--n-generate", type=int, default=None, help="Thoughts generated per state (default: the config's).")
@@ -209,7 +212,7 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, depth, breadth, n_generate, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          search_timeout, view_page, as_json, **api):
+          search_timeout, view_page, as_json, **more):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -220,6 +223,9 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     from seed_tot.search.results_file import check_output_free
     from seed_tot.search.solve import summarize_finished_run
 
+    # the --api-* options (cli_endpoint.py) and the algorithms' own options (cli_algorithms.py)
+    api = {k: v for k, v in more.items() if k.startswith("api_")}
+    algorithm_settings = {k: v for k, v in more.items() if k not in api}
     ray_only = {"--workers": workers, "--gpus-per-worker": gpus_per_worker, "--cpus-per-worker": cpus_per_worker,
                 "--search-timeout": search_timeout}
     given = [name for name, value in ray_only.items() if value is not None]
@@ -239,7 +245,7 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, depth=depth, breadth=breadth,
                                n_generate=n_generate, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
-                               draft_batch=draft_batch, seed=seed,
+                               draft_batch=draft_batch, seed=seed, **algorithm_settings,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
     check_policy_setting(settings.decode,
                          "--policy-option" if policy_option or draft_policy else settings.source or "config")
@@ -435,6 +441,7 @@ def _register_bench() -> None:
     main.add_command(view_command)
     main.add_command(tasks_command)
     main.add_command(serve_command)
+    main.add_command(compare_command)
 
 
 _register_bench()

@@ -64,6 +64,7 @@ class Blocksworld:
     """
 
     name = "blocksworld"
+    value_range = (VALUE_ILLEGAL, VALUE_GOOD)  # MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None, *,
                  n_random: int = 10, n_blocks: int = 4, plan_length: int = 6, seed: int = 0):

@@ -122,6 +122,7 @@ class CreativeWriting:
 
     name = "creative_writing"
     default_data = "none: pass --data PATH, a text file with 4 sentences per line"  # `seed-tot tasks`
+    value_range = (VALUE_MIN, VALUE_MAX)  # MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

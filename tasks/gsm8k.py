@@ -115,6 +115,7 @@ class GSM8K:
 
     name = "gsm8k"
     default_data = f"the Hub dataset {HUB[0]} ({HUB[1]}, {HUB[2]} split)"  # what load(None) reads (`seed-tot tasks`)
+    value_range = (VALUE_MIN, VALUE_MAX)  # MCTS maps values to [0, 1] by it
 
     def __init__(self, config: SearchConfig | None = None, prompts: dict[str, Any] | None = None):
         self.config = config if config is not None else default_config()

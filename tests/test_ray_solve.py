@@ -480,3 +480,15 @@ def test_a_sibling_search_failing_because_its_actor_is_exiting_counts_as_a_lost_
         assert _shutting_down(SimpleNamespace(cause=wrapped))
     assert not _shutting_down(SimpleNamespace(cause=ValueError("bad input on line 3")))
     assert not _shutting_down(SimpleNamespace(cause=None))
+
+
+@pytest.mark.parametrize("algorithm", ["cot-sc", "mcts"])
+def test_the_baselines_and_mcts_on_ray_write_single_process_records(keeper, problems, reference_engine, tmp_path,
+                                                                     algorithm):
+    """Sampled, so each search's draws must come from its problem's seed wherever it runs."""
+    task, examples, _ = problems
+    settings = apply_overrides(settings_for(task, 1.0), algorithm=algorithm, samples=3, iterations=3,
+                               parallel_leaves=2)
+    solve_dataset(reference_engine, task, examples, settings=settings, output_dir=tmp_path / "one")
+    solve_dataset_ray(keeper.get(), task, examples, settings=settings, output_dir=tmp_path / "ray")
+    assert by_id(read_records(tmp_path / "ray")) == by_id(read_records(tmp_path / "one"))

@@ -3,7 +3,8 @@
 The YAML file is flat (see configs/*.yaml): search keys (depth, n_generate, breadth, temperature,
 max_new_tokens, value_threshold, extra), decoding keys (mode, k_config, n_workers, verify_batch,
 draft_batch, draft_policy, policy_options: one DecodeSpec, engine/decode_spec.py, which checks them),
-seed and run keys (algorithm, max_expansions, task). An unknown key is an error rather than
+seed and run keys (algorithm, max_expansions, task; samples for cot-sc; iterations, exploration,
+parallel_leaves, mcts_answer for mcts). An unknown key is an error rather than
 silently ignored, because a typo such as `bredth: 5` would otherwise run the default search.
 """
 from __future__ import annotations
@@ -21,11 +22,13 @@ import yaml
 from seed_tot.engine.decode_spec import SETTINGS as DECODE_SETTINGS
 from seed_tot.engine.decode_spec import DecodeSpec, DecodeSpecError
 
+from .algorithms import ALGORITHMS
 from .dfs import DEFAULT_MAX_EXPANSIONS
 from .llm import DecodingSettings
+from .mcts import ANSWER_CHOICES, MCTSConfig
 from .protocol import SearchConfig
 
-ALGORITHMS = ("bfs", "dfs")
+DEFAULT_SAMPLES = 5  # cot-sc's k
 
 
 class ConfigError(ValueError):
@@ -43,12 +46,20 @@ class RunSettings:
     decode: DecodeSpec
     seed: int
     max_expansions: int  # DFS only
+    samples: int  # cot-sc: chains voted on
+    iterations: int  # mcts: select-expand-backprop rounds
+    exploration: float  # mcts: UCT's c
+    parallel_leaves: int  # mcts: leaves expanded per iteration (rows of m leaves per engine call)
+    mcts_answer: str  # mcts: the answer path follows the most "visits" or the best mean "value"
     task: str | None  # the task a config file was written for (informational)
     source: str | None  # the YAML file these settings came from
 
     def __init__(self, search: SearchConfig | None = None, algorithm: str = "bfs", decode: DecodeSpec | None = None,
                  seed: int = 0, max_expansions: int = DEFAULT_MAX_EXPANSIONS, task: str | None = None,
-                 source: str | None = None, **legacy: Any):
+                 source: str | None = None, samples: int = DEFAULT_SAMPLES,
+                 iterations: int = MCTSConfig.iterations, exploration: float = MCTSConfig.exploration,
+                 parallel_leaves: int = MCTSConfig.parallel_leaves, mcts_answer: str = MCTSConfig.answer,
+                 **legacy: Any):
         if legacy:  # RunSettings(mode=..., k_config=..., ...): the fields it had before `decode`
             warnings.warn(f"RunSettings({', '.join(f'{k}=' for k in legacy)}...) is deprecated: pass "
                           f"decode=DecodeSpec(...)", DeprecationWarning, stacklevel=2)
@@ -56,6 +67,8 @@ class RunSettings:
         self.search = search if search is not None else SearchConfig()
         self.algorithm, self.decode, self.seed = algorithm, decode or DecodeSpec(), seed
         self.max_expansions, self.task, self.source = max_expansions, task, source
+        self.samples, self.iterations, self.exploration = samples, iterations, exploration
+        self.parallel_leaves, self.mcts_answer = parallel_leaves, mcts_answer
 
     def decoding(self) -> DecodingSettings:
         return DecodingSettings(self.decode, temperature=self.search.temperature,
@@ -99,6 +112,13 @@ def _temperature(value: Any) -> float:
     return t
 
 
+def _non_negative(value: Any) -> float:
+    number = _number(value)
+    if number < 0:
+        raise ValueError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -131,6 +151,11 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "algorithm": (_one_of(ALGORITHMS), False),
     "seed": (_integer, False),
     "max_expansions": (_positive_int, False),
+    "samples": (_positive_int, False),
+    "iterations": (_positive_int, False),
+    "exploration": (_non_negative, False),
+    "parallel_leaves": (_positive_int, False),
+    "mcts_answer": (_one_of(ANSWER_CHOICES), False),
     "task": (_text, False),
 }
 SETTING_KEYS = (*_KEYS, *DECODE_SETTINGS)

@@ -103,10 +103,15 @@ def task_value(task: Task, method: str, value: Any) -> float:
 def write_answer(caller: LLMCaller, task: Task, example: Example, state: State) -> tuple[str, str]:
     """(answer completion, prediction) from the chosen state."""
     answer = caller.complete([task.answer_prompt(example, state)], phase="answer")[0]
+    return answer, task_prediction(task, example, state, answer)
+
+
+def task_prediction(task: Task, example: Example, state: State, answer: str) -> str:
+    """task.prediction's string, or an error naming the task's method."""
     prediction = task.prediction(example, state, answer)
     if not isinstance(prediction, str):  # what results.jsonl saves and `seed-tot score` rescores as text
         raise TaskMethodError(f"{_at(task, 'prediction')}task {task.name!r}: prediction returned {prediction!r}; it must return a string")
-    return answer, prediction
+    return prediction
 
 
 def task_score(task: Task, example: Example, prediction: str) -> dict[str, Any]:

@@ -101,6 +101,11 @@ class LLMCaller:
         self._calls = 0
         self.progress = ProblemProgress(key)
 
+    @property
+    def engine_calls(self) -> int:
+        """Engine `generate` calls since the last reseed (one problem's)."""
+        return self._calls
+
     def take_stats(self) -> dict[str, GenerationStats]:
         """The counters gathered since the last take, per phase; starts a fresh count."""
         stats, self.stats = self.stats, {}

@@ -95,6 +95,9 @@ def node_work(calls: CallLog, task: Task, example: Example, steps: list[dict[str
     work: list[dict[str, Any]] = []
     cursor = 0  # steps ran in order, so a step's sequences come after the previous step's
     for step in steps:
+        if "predictions" in step:  # CoT-SC: the chains are answer completions of the question, never valued
+            work.append(_chain_work(calls, task, example, step))
+            continue
         frontier = step.get("frontier") or []
         thoughts, parents = step.get("thoughts") or [], step.get("parents") or []
         states = step.get("new_states") or []
@@ -129,6 +132,16 @@ def node_work(calls: CallLog, task: Task, example: Example, steps: list[dict[str
     unmatched = sum(not seq.used for seq in calls.sequences)
     log.debug("%s: %d engine sequences not tied to a tree node (answer, judge)", example.id, unmatched)
     return work
+
+
+def _chain_work(calls: CallLog, task: Task, example: Example, step: dict[str, Any]) -> dict[str, Any]:
+    """A CoT-SC step's work: each chain's answer sequence as its thought work, in one call."""
+    rendered = _render(calls, task.answer_prompt(example, State()))
+    found = [calls.take(rendered, 0, chain) for chain in step.get("thoughts") or []]
+    chains = [None if i is None else calls.sequences[i].work for i in found]
+    call_ids = sorted({calls.sequences[i].call for i in found if i is not None})
+    return {"value_replies": [None] * len(chains), "thought_work": chains, "value_work": [None] * len(chains),
+            "call_work": {"thought": _sum_calls([calls.calls[c] for c in call_ids]), "value": None}}
 
 
 def search_with_node_work(caller: Any, task: Task, example: Example,

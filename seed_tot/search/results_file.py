@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 from seed_tot.engine.params import GenerationStats
 
+from .accounting import summarize_costs
+
 log = logging.getLogger(__name__)
 
 _COUNTERS = tuple(f.name for f in fields(GenerationStats) if f.name != "events")
@@ -219,4 +221,5 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for phase, budget in (record.get("max_new_tokens") or {}).items():
             applied[phase] = max(int(budget), applied.get(phase, 0))
     summary["max_new_tokens_applied"] = applied
+    summary.update(summarize_costs(records))  # new tokens, prompt tokens, calls per problem; problems/h
     return summary

@@ -24,6 +24,7 @@ from typing import Any
 from seed_tot.engine.decode_spec import DRAFTING_MODES
 
 from .data_source import describe_source, same_source
+from .algorithms import unread_options
 from .results_file import ResultsFileError
 
 RUN_FILE = "run.json"
@@ -135,8 +136,8 @@ def _comparable(identity: dict[str, Any]) -> dict[str, Any]:
     drafts = settings.get("mode") in DRAFTING_MODES
     if not drafts:
         settings = {k: v for k, v in settings.items() if k not in _DRAFTING}
-    if settings.get("algorithm") != "dfs":
-        settings.pop("max_expansions", None)
+    for name in unread_options(settings.get("algorithm", "bfs")):  # e.g. max_expansions outside DFS
+        settings.pop(name, None)
     flat = _flat({"task": identity.get("task"), **settings})
     for role, name in (identity.get("models") or {}).items():
         if role == "target" or drafts:

@@ -21,10 +21,10 @@ from tqdm import tqdm
 
 from seed_tot.engine.params import GenerationStats
 
-from .bfs import bfs
+from .accounting import problem_cost
+from .algorithms import check_algorithm, run_search
 from .config import RunSettings, with_search_config
-from .dfs import dfs
-from .expansion import SearchResult, check_examples, state_to_json, task_score, task_value
+from .expansion import check_examples, state_to_json, task_score, task_value
 from .llm import GenerationEngine, LLMCaller, ProblemProgress
 from .node_work import search_with_node_work
 from .protocol import Example, Task, check_unique_ids
@@ -42,19 +42,10 @@ REPORTED_PHASES = ("thought", "value", "answer")  # always in a record (zeros wh
 # The keys solve_example writes itself; task.score's keys sit beside them.
 RECORD_FIELDS = frozenset({"id", "input", "prediction", "judge_score", "judge_reply", "answer_completion",
                            "best_state", "best_value", "expanded", "steps", "node_work", "stats",
-                           "max_new_tokens", "wall_s"})
+                           "max_new_tokens", "wall_s", "cost"})
 
 __all__ = ["RESULTS_FILE", "SUMMARY_FILE", "ResultsFileError", "ResultsRecorder", "resolve_algorithm", "run_search",
            "solve_dataset", "solve_example"]
-
-
-def run_search(caller: LLMCaller, task: Task, example: Example, settings: RunSettings,
-               algorithm: str) -> SearchResult:
-    if algorithm == "bfs":
-        return bfs(caller, task, example, settings.search)
-    if algorithm == "dfs":
-        return dfs(caller, task, example, settings.search, max_expansions=settings.max_expansions)
-    raise ValueError(f"unknown search algorithm {algorithm!r}; expected bfs or dfs")
 
 
 def solve_example(caller: LLMCaller, task: Task, example: Example, settings: RunSettings,
@@ -91,6 +82,7 @@ def solve_example(caller: LLMCaller, task: Task, example: Example, settings: Run
         "max_new_tokens": caller.take_budgets(),  # per phase: the largest budget a call was given
         "wall_s": time.perf_counter() - start,
     })
+    record["cost"] = problem_cost(phase_stats, caller.engine_calls, record["wall_s"])
     return record
 
 
@@ -105,11 +97,8 @@ def _progress_postfix(records: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 def resolve_algorithm(settings: RunSettings, algorithm: str | None) -> str:
-    """`algorithm` if given, else the settings' one; either must be bfs or dfs."""
-    algorithm = algorithm or settings.algorithm
-    if algorithm not in ("bfs", "dfs"):
-        raise ValueError(f"unknown search algorithm {algorithm!r}; expected bfs or dfs")
-    return algorithm
+    """`algorithm` if given, else the settings' one; either must be one of algorithms.ALGORITHMS."""
+    return check_algorithm(algorithm or settings.algorithm)
 
 
 class ResultsRecorder:
@@ -205,6 +194,10 @@ class ResultsRecorder:
         budget), the phase being generated and its tokens/s, beside the finished problems' figures."""
         if self.algorithm == "dfs":
             step = {"expansion": f"{progress.steps}/{self.settings.max_expansions}"}
+        elif self.algorithm == "mcts":  # one thought call per iteration that expanded leaves
+            step = {"iteration": f"{progress.steps}/{self.settings.iterations}"}
+        elif self.algorithm in ("cot", "cot-sc"):
+            step = {}
         else:
             step = {"step": f"{progress.steps}/{self.settings.search.depth}"}
         flight = {"in flight": in_flight} if in_flight > 1 else {}

@@ -175,7 +175,8 @@ def tree_nodes(record: dict[str, Any], show_state: StateShower | None = None) ->
     A node: p parent node (-1: the question), s step, i candidate index, t thought (None: a final
     state carried over to compete again), v value, k rank among the kept (None: pruned), r the
     evaluator's raw reply, w / vw the engine counters of its thought / evaluation, c on the chosen
-    path, x the state as the task shows it, dup a repeat of an earlier candidate of its step.
+    path, x the state as the task shows it, dup a repeat of an earlier candidate of its step;
+    MCTS adds n visits, q mean reward and o the expansion order; CoT-SC pr the chain's prediction.
     """
     example = Example(str(record.get("id")), record.get("input") if isinstance(record.get("input"), dict) else {})
     by_state: dict[tuple, int] = {}  # a kept state -> its node, the parent of its children
@@ -199,6 +200,7 @@ def tree_nodes(record: dict[str, Any], show_state: StateShower | None = None) ->
                                     "r": _at(work.get("value_replies"), i),
                                     "w": _packed(_at(work.get("thought_work"), i)),
                                     "vw": _packed(_at(work.get("value_work"), i))}
+            node.update(_search_marks(step, i))
             if state in seen and node["t"] is not None:
                 node["dup"] = 1
             seen.add(state)
@@ -216,7 +218,36 @@ def tree_nodes(record: dict[str, Any], show_state: StateShower | None = None) ->
         calls = work.get("call_work") if isinstance(work.get("call_work"), dict) else {}
         steps.append({"s": s, "cw": {phase: _packed(c) for phase, c in calls.items()}, "depth": step.get("depth")})
     _mark_chosen(nodes, record.get("best_state"), record.get("steps") or [])
+    _mark_expansion_order(nodes, record.get("steps") or [])
     return nodes, steps
+
+
+def _search_marks(step: dict[str, Any], i: int) -> dict[str, Any]:
+    """What MCTS (n visits, q mean reward) and CoT-SC (pr the chain's prediction) record per candidate."""
+    marks: dict[str, Any] = {}
+    if isinstance(step.get("visits"), list):
+        marks.update(n=_at(step["visits"], i), q=_at(step.get("mean_values"), i))
+    if isinstance(step.get("predictions"), list):
+        marks["pr"] = _at(step["predictions"], i)
+    return marks
+
+
+def _mark_expansion_order(nodes: list[dict], steps: list) -> None:
+    """MCTS: o, the place in the expansion order of each node that was expanded (its step's
+    frontier), where the record says the steps are expansions (they carry an "iteration")."""
+    by_index = {(n["s"], n["i"]): n for n in nodes}
+    for order, step in enumerate(steps):
+        if not isinstance(step, dict) or "iteration" not in step:
+            continue
+        frontier = tuple((step.get("frontier") or [[]])[0])
+        if not frontier:
+            continue  # the root: the question itself, expanded first
+        for earlier in range(order):
+            prior = steps[earlier] if isinstance(steps[earlier], dict) else {}
+            states = [tuple(x) for x in prior.get("new_states") or []]
+            if frontier in states and (earlier, states.index(frontier)) in by_index:
+                by_index[(earlier, states.index(frontier))]["o"] = order
+                break
 
 
 def _packed(work: Any) -> list | None:
@@ -262,6 +293,9 @@ def problem_entry(record: dict[str, Any], show_state: StateShower | None = None)
         "stats": record.get("stats"), "nodes": nodes, "steps": steps, "missing": missing_fields(record),
         "work": isinstance(record.get("node_work"), list),  # node counters and replies were recorded
     }
+    votes = next((st.get("votes") for st in record.get("steps") or [] if isinstance(st, dict) and "votes" in st), None)
+    if isinstance(votes, dict):  # CoT-SC: each prediction's count
+        entry["votes"] = votes
     if "error" in record:
         entry["error"] = str(record["error"])
     return entry

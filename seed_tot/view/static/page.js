@@ -31,6 +31,7 @@
     return String(x);
   }
   function ratio(a, b) { return b ? a / b : null; }
+  function ordinal(n) { return n + (n % 10 === 1 && n % 100 !== 11 ? "st" : n % 10 === 2 && n % 100 !== 12 ? "nd" : n % 10 === 3 && n % 100 !== 13 ? "rd" : "th"); }
   // a long text: clamped, with a button that shows all of it
   function longText(text, cls) {
     const pre = h("pre", {cls: "text " + (cls || "")}, text === null || text === undefined ? "" : String(text));
@@ -187,7 +188,10 @@
     const body = h("div", {cls: "body"},
       h("div", {cls: "kv"}, "step " + (node.s + 1) + ", candidate " + (node.i + 1) + ", value " + (node.v === null ? NA : node.v) +
         (node.k !== null ? ", kept (rank " + (node.k + 1) + ")" : ", pruned") + (node.c ? ", on the chosen path" : "") +
-        (node.dup ? ", a repeat of an earlier candidate (valued without the model)" : "")),
+        (node.dup ? ", a repeat of an earlier candidate (valued without the model)" : "") +
+        (node.n !== undefined ? ", visits " + node.n + ", mean reward " + (node.q === null ? NA : node.q) : "") +
+        (node.o !== undefined ? ", expanded " + ordinal(node.o + 1) : "") +
+        (node.pr !== undefined ? ", prediction " + JSON.stringify(node.pr) : "")),
       h("h4", {}, node.t === null ? "Carried over: a final state competing again" : "Thought"), node.t === null ? null : longText(node.t),
       h("h4", {}, "State after this step"), h("ol", {cls: "state"}, statePath(p, node).map((x) => h("li", {}, longText(x)))),
       h("h4", {}, "Evaluator's reply"), node.r === null || node.r === undefined
@@ -204,6 +208,9 @@
       h("span", {cls: "tw"}, "▸"), h("span", {cls: "badge val"}, "v " + fmt(node.v)),
       h("span", {cls: "badge st"}, node.k !== null ? "kept #" + (node.k + 1) : "pruned"),
       node.d ? h("span", {cls: "badge diff"}, "differs") : null,
+      node.n !== undefined ? h("span", {cls: "badge st", title: "MCTS: visits, mean reward"}, "N " + node.n + " Q " + fmt(node.q)) : null,
+      node.o !== undefined ? h("span", {cls: "badge st", title: "MCTS: expansion order"}, "#" + (node.o + 1) + " expanded") : null,
+      node.pr !== undefined ? h("span", {cls: "badge val", title: "CoT-SC: this chain's prediction"}, "→ " + node.pr) : null,
       h("span", {cls: "thought"}, node.t === null ? "(carried: " + (statePath(p, node).slice(-1)[0] || "") + ")" : node.t),
       node.t === "" ? h("span", {cls: "na"}, "(empty thought)") : null,
       node.x !== undefined && node.t !== null ? h("span", {cls: "shown", title: "the state as the task holds it"}, " → " + node.x) : null);
@@ -227,6 +234,7 @@
       h("tr", {}, h("th", {}, "result"), h("td", {}, verdict(p))), h("tr", {}, h("th", {}, "value of the chosen state"), h("td", {}, fmt(p.value))),
       h("tr", {}, h("th", {}, "wall s"), h("td", {}, fmt(p.wall_s, 2))),
       h("tr", {}, h("th", {}, "answer completion"), h("td", {}, p.answer === undefined || p.answer === null ? fmt(null) : longText(p.answer)))));
+    if (p.votes) col.append(h("div", {cls: "kv"}, "Vote: " + Object.entries(p.votes).map(([pr, c]) => JSON.stringify(pr) + " " + c).join(", ")));
     if (p.error) col.append(h("div", {cls: "missing"}, "This problem failed: " + p.error));
     if (p.missing.length) col.append(h("div", {cls: "missing"}, "Missing in this record: " + p.missing.join(", ")));
     col.append(h("h3", {}, "Engine work per step"), stepTable(p), h("h3", {}, "Tree"));
