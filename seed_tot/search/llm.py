@@ -145,7 +145,8 @@ class LLMCaller:
     def _generate(self, rendered: list[str], stop: tuple[str, ...], max_tokens: int, phase: str) -> list[str]:
         s = self.settings
         params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
-                                seed=self._base_seed + self._calls * SEED_STRIDE)
+                                seed=self._base_seed + self._calls * SEED_STRIDE,
+                                search_key=self.progress.key, phase=phase)  # text drafts' scopes (suffix_index.py)
         self._calls += 1
         self.progress.phase = phase
         self.progress.steps += phase == "thought"

@@ -1,0 +1,214 @@
+"""The `suffix` draft policy: drafts read off the run's own text (the row, its search's other rows and
+earlier calls, earlier outputs), scored by branch counts, with no draft model. Its drafts are picked
+tokens, so greedy output is the target's and sampled output has its distribution, in sd, mcsd and
+SEED (one row per forward and batched), on every attention type; a sampled row's draft (and so its
+sample for a seed) depends on nothing that runs beside its search."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import reference_greedy, tiny_model
+from test_attention_types import NEW, PROMPTS as ARCH_PROMPTS, arch_engine  # noqa: F401 (a fixture)
+from test_sampling_lossless import SAMPLES, SETTINGS, assert_policy_samples_follow_the_target
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine.draft_tree import DETERMINISTIC
+from seed_tot.engine.policies.suffix import SuffixPolicy, SuffixSource
+from seed_tot.engine.suffix_index import SuffixScopes, TextIndex, draft_from
+
+REPEATING = [3, 17, 42, 8, 61, 5, 3, 17, 42, 8]
+PROMPTS = [REPEATING, [9, 1, 77], [5, 5, 5, 5, 2]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=21)
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+def test_the_longest_match_decides_and_its_continuation_is_drafted_as_long_as_the_match():
+    index = TextIndex()
+    index.new_doc([1, 2, 3, 4, 5, 1, 2, 3, 9, 9, 1, 2, 3, 4, 7])
+    found = index.occurrences([5, 1, 2, 3], 8, 32)
+    assert [(m, p) for m, _, p in found] == [(3, 12), (4, 7), (3, 2)]  # most recent first
+    # "5 1 2 3" matched 4 tokens at 7 only: what followed it, 4 tokens at most (the match's length)
+    assert [n.token for n in draft_from(found, 8)] == [9, 9, 1, 2]
+    assert [n.token for n in draft_from(found, 2)] == [9, 9]
+
+
+def test_branch_counts_pick_the_continuation_most_occurrences_agree_on():
+    index = TextIndex()
+    index.new_doc([6, 7, 1, 6, 7, 2, 6, 7, 2, 6, 7])
+    chain = draft_from(index.occurrences([0, 6, 7], 8, 32), 4, factor=4)
+    assert [n.token for n in chain][:1] == [2]  # 2 followed "6 7" twice, 1 once (and more recently 2)
+    assert chain[0].prob == pytest.approx(2 / 3)
+    tree = draft_from(index.occurrences([0, 6, 7], 8, 32), 4, width=2, factor=4)
+    roots = [n.token for n in tree if n.parent == -1]
+    assert roots == [2, 1]  # a small tree: both branches, the more frequent first
+    assert all(n.parent < i for i, n in enumerate(tree))  # parents first
+
+
+def test_the_run_scope_evicts_the_oldest_text_first_and_stays_bounded():
+    index = TextIndex(max_tokens=10)
+    for i in range(50):
+        index.new_doc([i, i + 1, i + 2, i + 3])
+    assert index.tokens <= 10 and list(index.docs) == [48, 49]
+    assert sum(len(h) for h in index._pairs.values()) <= 2 * 10  # stale entries are dropped as they pile up
+    assert index.occurrences([0, 1], 8, 32) == []  # evicted text is never read
+
+
+class _Rule:
+    def __init__(self, params):
+        self.params = params
+
+
+class _Seq:
+    def __init__(self, index, prompt, rule, generated=()):
+        self.index, self.prompt, self.rule, self.generated = index, list(prompt), rule, list(generated)
+        self.finish_reason = None
+        self.draft = None
+
+    @property
+    def tokens(self):
+        return self.prompt + self.generated
+
+    @property
+    def done(self):
+        return self.finish_reason is not None
+
+
+def test_siblings_draft_from_each_other_and_a_later_call_from_the_earlier_ones():
+    greedy = SamplingParams(max_new_tokens=32, temperature=0, search_key="problem-1")
+    scopes = SuffixScopes()
+    call = _Rule(greedy)
+    a, b = _Seq(0, [1, 2], call, [10, 11, 12, 13, 14]), _Seq(1, [1, 2], call, [10, 11])
+    scopes.sync(a)
+    assert [n.token for n in scopes.draft(b, 3, factor=4)] == [12, 13, 14]  # what its sibling wrote on
+    a.finish_reason = b.finish_reason = "stop"
+    scopes.finish(a)
+    scopes.finish(b)
+    later = _Seq(0, [5], _Rule(greedy), [10, 11])
+    assert [n.token for n in scopes.draft(later, 3, factor=4)] == [12, 13, 14]
+    # another search reads the run (every earlier output), a row of no search too
+    other = _Seq(0, [5], _Rule(dataclasses.replace(greedy, search_key="problem-2")), [10, 11])
+    assert [n.token for n in scopes.draft(other, 3, factor=4)] == [12, 13, 14]
+    keyless = _Seq(0, [5], _Rule(dataclasses.replace(greedy, search_key="")), [10, 11])
+    assert [n.token for n in scopes.draft(keyless, 3, factor=4)] == [12, 13, 14]
+
+
+def test_a_sampled_row_reads_its_search_s_finished_calls_only():
+    """What other searches wrote, and what siblings write while they run, depends on what runs beside
+    the search: a sampled row's draft (hence its sample for a seed) must not."""
+    sampled = SamplingParams(max_new_tokens=32, temperature=1.0, search_key="p")
+    scopes = SuffixScopes()
+    stranger = _Seq(0, [1], _Rule(dataclasses.replace(sampled, search_key="q", temperature=0)), [10, 11, 20, 21])
+    stranger.finish_reason = "stop"
+    scopes.sync(stranger)
+    scopes.finish(stranger)
+    call = _Rule(sampled)
+    a, b = _Seq(0, [1], call, [10, 11, 30, 31]), _Seq(1, [1], call, [10, 11])
+    scopes.sync(a)
+    assert scopes.draft(b, 3) == []  # neither the other search's output nor its running sibling
+    a.finish_reason = "stop"
+    scopes.finish(a)
+    assert [n.token for n in scopes.draft(_Seq(0, [1], _Rule(sampled), [10, 11]), 2)] == [30, 31]
+    everything = SuffixScopes(share="all")
+    everything.sync(stranger)
+    everything.finish(stranger)
+    assert [n.token for n in everything.draft(_Seq(0, [1], _Rule(sampled), [10, 11]), 2)] == [20, 21]
+
+
+def test_finished_calls_settle_in_row_order_whatever_order_they_finished_in():
+    sampled = SamplingParams(max_new_tokens=32, temperature=1.0, search_key="p")
+    docs = []
+    for order in ((0, 1), (1, 0)):
+        scopes = SuffixScopes()
+        call = _Rule(sampled)
+        rows = [_Seq(0, [1], call, [10, 11, 1]), _Seq(1, [1], call, [10, 11, 2])]
+        for i in order:
+            scopes.sync(rows[i])
+            rows[i].finish_reason = "stop"
+            scopes.finish(rows[i])
+        scopes.draft(_Seq(0, [1], _Rule(sampled), [7]), 2)  # the next call settles the first
+        docs.append(list(scopes.searches["p"].settled.docs.values()))
+    assert docs[0] == docs[1] == [[10, 11, 1], [10, 11, 2]]
+
+
+def test_a_round_drafts_picked_nodes_and_no_model_forward():
+    seq = _Seq(0, REPEATING, _Rule(SamplingParams(max_new_tokens=8, temperature=0)))
+    rnd = SuffixPolicy(SuffixSource(depth=3, factor=4)).begin(seq, seq.rule.params, 100)
+    assert rnd.first_feed() is None
+    tree, entries = rnd.finish()
+    assert tree.tokens == [61, 5, 3] and tree.parents == [-1, 0, 1] and entries == {}
+    assert all(tree.q_index[i] == DETERMINISTIC for i in range(3))
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("with_draft_model", [False, True])
+@pytest.mark.parametrize("mode,batch", [("sd", 1), ("mcsd", 1), ("seed", 1), ("seed", 3), ("seed", None)])
+def test_greedy_output_equals_the_target_alone(target, mode, batch, with_draft_model, width):
+    params = SamplingParams(max_new_tokens=40, temperature=0, search_key="s")
+    engine = Engine(target, tiny_model("llama", seed=5) if with_draft_model else None)
+    policy = SuffixPolicy(SuffixSource(depth=4, width=width))
+    results = engine.generate(PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    for prompt, result in zip(PROMPTS, results):
+        assert result.token_ids == reference_greedy(target, prompt, 40)
+        assert result.stats.draft_prefills == 0 and result.stats.draft_forwards == 0
+    assert sum(r.stats.accepted for r in results) > 0  # some drafts were right
+    # a second call of the search: the first call's outputs are there to draft from, still exact
+    again = engine.generate(PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    assert [r.token_ids for r in again] == [r.token_ids for r in results]
+    assert sum(r.stats.accepted for r in again) >= sum(r.stats.accepted for r in results)
+
+
+def test_greedy_output_equals_the_target_alone_on_every_attention_type(arch_engine):
+    arch, engine, refs = arch_engine
+    params = SamplingParams(max_new_tokens=NEW, temperature=0, search_key="arch")
+    for mode, batch in (("sd", 1), ("seed", 1), ("seed", None)):
+        results = engine.generate(ARCH_PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch,
+                                  draft_policy="suffix")
+        assert [r.token_ids for r in results] == refs, f"{arch} {mode} batch {batch}"
+
+
+@pytest.mark.parametrize("mode,setting,batch,share", [("sd", "temperature", 1, "greedy"), ("seed", "top_p", None, "all"),
+                                                      ("seed", "top_k", 1, "all"), ("mcsd", "temperature", 1, "all")])
+def test_sampled_output_follows_the_target_distribution(mode, setting, batch, share, monkeypatch):
+    """The TV fixture's prompt with its own continuation in front of it, so that the row scope finds
+    a match from the first round; share=all: sampled rows read each other's text too (still exact)."""
+    import test_sampling_lossless as fixture
+
+    monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 4, 1, 4, 2])
+    target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
+    policy = SuffixPolicy(SuffixSource(depth=2, factor=2, share=share, width=2 if mode == "mcsd" else 1))
+    assert_policy_samples_follow_the_target(target, None, policy, setting, mode, (1,), batch)
+    assert sum(rec["drafted"] > 0 for rec in policy.records) > SAMPLES // 2
+
+
+def test_a_sample_is_the_same_in_sd_and_in_batched_seed_and_beside_other_searches(target):
+    """A sampled row reads its own text and its search's finished calls: the same seed gives the same
+    sample whatever shares its forwards and whatever other searches wrote before."""
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7, search_key="mine")
+    first = Engine(target).generate(PROMPTS, params, mode="sd", draft_policy="suffix")
+    engine = Engine(target)
+    noise = dataclasses.replace(params, search_key="other", temperature=0, max_new_tokens=24)
+    engine.generate([REPEATING + [1, 2], [4, 4, 4]], noise, mode="seed", draft_policy="suffix")
+    beside = engine.generate(PROMPTS, params, mode="seed", draft_batch=None, verify_batch=None, draft_policy="suffix")
+    assert [r.token_ids for r in beside] == [r.token_ids for r in first]
+
+
+def test_bad_options_and_no_draft_model_needed(target):
+    engine = Engine(target)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    with pytest.raises(ValueError, match="option width='0' must be >= 1"):
+        engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"width": "0"})
+    with pytest.raises(ValueError, match="option share='some' must be one of greedy, all, off"):
+        engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"share": "some"})
+    assert engine.generate([REPEATING], params, mode="sd", draft_policy="suffix")[0].token_ids == \
+        reference_greedy(target, REPEATING, 4)
+    with pytest.raises(ValueError, match="search_key must be a string"):
+        SamplingParams(search_key=3)
