@@ -212,3 +212,76 @@ def test_bad_options_and_no_draft_model_needed(target):
         reference_greedy(target, REPEATING, 4)
     with pytest.raises(ValueError, match="search_key must be a string"):
         SamplingParams(search_key=3)
+
+
+# ----------------------------------------------------------------------------- choose
+
+
+from seed_tot.engine.cost_model import Costs  # noqa: E402
+from seed_tot.engine.policies.choose import ChoosePolicy, best_option, expected_accepted  # noqa: E402
+
+FLAT = Costs(0.1, 0.0, 0.001)  # a verified token costs nothing more: every source pays, both at once most
+DEAR = Costs(0.01, 0.05, 0.05)  # every drafted token costs half a step: only a sure draft pays
+
+
+def test_the_choice_takes_what_pays_and_declines_what_does_not():
+    assert best_option(0.6, 0.6, 3, FLAT, 3, 1, graft=True) == (3, 3)
+    assert best_option(0.6, 0.6, 3, FLAT, 3, 1, graft=False) in ((3, 0), (0, 3))
+    assert best_option(0.3, 0.9, 4, DEAR, 3, 1, graft=True)[1] > 0  # the sure suffix draft alone
+    assert best_option(0.3, 0.3, 4, DEAR, 3, 1, graft=True) == (0, 0)  # nothing pays: a plain step
+    assert best_option(0.9, 0.0, 0, DEAR, 3, 1, graft=True)[0] > 0
+    # two branches off one root: the better of the two at each depth, never less than either alone
+    assert expected_accepted(0.5, 2, 0.5, 2) > expected_accepted(0.5, 2, 0.0, 0) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("costs", [FLAT, DEAR], ids=["flat", "dear"])
+@pytest.mark.parametrize("mode,batch", [("sd", 1), ("mcsd", 1), ("seed", 1), ("seed", None)])
+def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs):
+    params = SamplingParams(max_new_tokens=40, temperature=0, search_key="s", phase="thought")
+    engine = Engine(target, tiny_model("llama", seed=5))
+    policy = ChoosePolicy(costs, SuffixSource(depth=4), max_len=3)
+    for _ in range(2):  # the second call drafts from the first's outputs too
+        results = engine.generate(PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+        for prompt, result in zip(PROMPTS, results):
+            assert result.token_ids == reference_greedy(target, prompt, 40)
+    drafted = [rec["drafted"] for rec in policy.records]
+    if costs is FLAT:  # every round drafts, the two sources grafted (more nodes than either's chain)
+        assert min(drafted) > 0 and max(drafted) > 4
+        assert policy._phases[("thought", "model")].trials > 0 and policy._phases[("thought", "suffix")].trials > 0
+    else:  # most rounds decline
+        assert sum(d == 0 for d in drafted) > len(drafted) // 2
+
+
+def test_choose_greedy_output_on_every_attention_type(arch_engine):
+    arch, engine, refs = arch_engine
+    params = SamplingParams(max_new_tokens=NEW, temperature=0, search_key="arch")
+    policy = ChoosePolicy(FLAT, SuffixSource(depth=3), max_len=2)
+    for mode, batch in (("sd", 1), ("seed", 1), ("seed", None)):
+        results = engine.generate(ARCH_PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch,
+                                  draft_policy=policy)
+        assert [r.token_ids for r in results] == refs, f"{arch} {mode} batch {batch}"
+
+
+@pytest.mark.parametrize("mode,setting,batch", [("sd", "temperature", 1), ("seed", "top_p", None), ("seed", "top_k", 1)])
+def test_choose_sampled_output_follows_the_target_distribution(mode, setting, batch, monkeypatch):
+    """A draft model that agrees often, not always, and the suffix source's guesses grafted beside it:
+    picked suffix nodes first, the model's draws against the residual."""
+    import test_sampling_lossless as fixture
+    from conftest import noisy_copy
+
+    monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 4, 1, 4, 2])
+    target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
+    draft = noisy_copy(target, 0.6, seed=22)
+    policy = ChoosePolicy(FLAT, SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+    assert_policy_samples_follow_the_target(target, draft, policy, setting, mode, (1, 1), batch)
+    assert sum(rec["drafted"] > 2 for rec in policy.records) > SAMPLES // 4  # grafted rounds really ran
+
+
+def test_choose_by_name_and_its_options(target):
+    engine = Engine(target, tiny_model("llama", seed=5))
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    out = engine.generate([REPEATING], params, mode="seed", draft_policy="choose",
+                          policy_options={"max_len": "2", "depth": "3", "graft": "false"})
+    assert out[0].token_ids == reference_greedy(target, REPEATING, 6)
+    with pytest.raises(ValueError, match="option graft='maybe' must be one of true, false"):
+        engine.generate([REPEATING], params, mode="seed", draft_policy="choose", policy_options={"graft": "maybe"})
