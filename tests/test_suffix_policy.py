@@ -285,3 +285,56 @@ def test_choose_by_name_and_its_options(target):
     assert out[0].token_ids == reference_greedy(target, REPEATING, 6)
     with pytest.raises(ValueError, match="option graft='maybe' must be one of true, false"):
         engine.generate([REPEATING], params, mode="seed", draft_policy="choose", policy_options={"graft": "maybe"})
+
+
+# ----------------------------------------------------------------------------- beside a ParallelSpec drafter
+
+
+def _grafted_rounds(policy) -> int:
+    """Rounds whose tree holds more nodes than the drafter's chain: a text branch was grafted."""
+    return sum(r["drafted"] > r["depth"] for r in policy.records)
+
+
+@pytest.mark.parametrize("lookup", [0, 2])
+@pytest.mark.parametrize("mode,k_config,batch", [("sd", (1,), 1), ("seed", (1,), None), ("seed", (2, 2), None),
+                                                  ("mcsd", (2, 1), 1)])
+def test_parallelspec_with_the_suffix_graft_is_exact(mode, k_config, batch, lookup):
+    from test_sampling_lossless import parallelspec_pair
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+
+    target, drafter = parallelspec_pair()
+    prompts = [[1, 4, 2, 5, 1, 4, 2, 5, 1], [3, 3, 6, 3, 3], [7, 1, 2]]
+    params = SamplingParams(max_new_tokens=24, temperature=0, search_key="s")
+    policy = ParallelSpecPolicy(drafter, k_config, depth=2, lookup=lookup, suffix=SuffixSource(depth=2, factor=2))
+    engine = Engine(target, drafter)
+    for _ in range(2):
+        results = engine.generate(prompts, params, mode=mode, k_config=k_config, draft_batch=batch, verify_batch=batch,
+                                  draft_policy=policy)
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 24) for p in prompts]
+    assert _grafted_rounds(policy) > 0
+
+
+@pytest.mark.parametrize("mode,k_config,setting,batch", [("sd", (1,), "temperature", 1),
+                                                         ("seed", (2, 2), "top_p", None)])
+def test_parallelspec_with_the_suffix_graft_keeps_the_distribution(mode, k_config, setting, batch, monkeypatch):
+    import test_sampling_lossless as fixture
+    from test_sampling_lossless import parallelspec_pair
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+
+    monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 5, 1, 4, 2])
+    target, drafter = parallelspec_pair()
+    policy = ParallelSpecPolicy(drafter, k_config, depth=2, suffix=SuffixSource(depth=2, factor=2, share="all"))
+    assert_policy_samples_follow_the_target(target, drafter, policy, setting, mode, k_config, batch)
+    assert _grafted_rounds(policy) > SAMPLES // 2
+
+
+def test_parallelspec_suffix_option_by_name():
+    from test_sampling_lossless import parallelspec_pair
+
+    target, drafter = parallelspec_pair()
+    engine = Engine(target, drafter)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    assert engine.policy("sd", (1,), params, "parallelspec", {"suffix": "true"}).suffix is not None
+    assert engine.policy("sd", (1,), params, "parallelspec").suffix is None
+    with pytest.raises(ValueError, match="option suffix='often' must be one of true, false"):
+        engine.policy("sd", (1,), params, "parallelspec", {"suffix": "often"})
