@@ -363,6 +363,8 @@ class Engine:
         for store in self.prefix_stores.values():
             store.clear()
             store.max_entries = self.prefix_cache_entries if keep else 0
+        for policy in list(self._policies.values()):  # and the text drafts read (a run starts as a fresh engine)
+            policy.clear_text()
 
     def _draft_prefill_tokens(self, seqs: list[Sequence]) -> int:
         """The prompt tokens `_prefill_shared` would score through the draft for these sequences."""

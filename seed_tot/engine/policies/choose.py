@@ -168,6 +168,9 @@ class ChoosePolicy(DraftPolicy):
         together = planned_together(seqs, self.load)
         self._load = {id(s): rows for s in together}
 
+    def clear_text(self) -> None:
+        self.source.clear()
+
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         row = self._row(seq)
         b = TreeBuilder(seq, params, vocab_size)

@@ -192,6 +192,10 @@ class ParallelSpecPolicy(DraftPolicy):
             rnd.suffix_chain = [n.token for n in self.suffix.draft(seq, min(builder.remaining, len(self.widths)))]
         return rnd
 
+    def clear_text(self) -> None:
+        if self.suffix is not None:
+            self.suffix.clear()
+
     def observe(self, seq, tree, acceptance) -> None:
         super().observe(seq, tree, acceptance)
         if self.suffix is not None:

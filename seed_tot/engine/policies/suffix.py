@@ -58,6 +58,11 @@ class SuffixSource:
                 "run_tokens": option(policy, "run_tokens", run_tokens, int, 0),
                 "share": _share_option(policy, share)}
 
+    def clear(self) -> None:
+        scopes = self.scopes
+        self.scopes = SuffixScopes(scopes.run.max_tokens if scopes.run is not None else 0, scopes.max_searches,
+                                   scopes.share, scopes.candidates, scopes.max_match)
+
     def draft(self, seq, limit: int) -> list[DraftNode]:
         return self.scopes.draft(seq, min(self.depth, limit), self.width, self.min_prob, self.factor)
 
@@ -108,6 +113,9 @@ class SuffixPolicy(DraftPolicy):
         o = cls.parse_options(**options)
         o["depth"] = o["depth"] or 8
         return cls(SuffixSource(**o))
+
+    def clear_text(self) -> None:
+        self.source.clear()
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         b = TreeBuilder(seq, params, vocab_size)
