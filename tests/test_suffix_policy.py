@@ -409,3 +409,35 @@ def test_clearing_the_prefix_cache_forgets_the_text_too(target):
     warm = engine.generate([[9, 1, 77]], params, mode="sd", draft_policy="suffix")[0]
     assert first.token_ids == cold.token_ids == warm.token_ids
     assert cold.stats.accepted == first.stats.accepted < warm.stats.accepted  # warm read the last output
+
+
+@pytest.mark.parametrize("features", [False, True])
+@pytest.mark.parametrize("costs", [FLAT, DEAR], ids=["flat", "dear"])
+@pytest.mark.parametrize("mode,batch", [("sd", 1), ("seed", None)])
+def test_choose_with_a_parallelspec_drafter_is_exact(mode, batch, costs, features):
+    """With a ParallelSpec drafter (the embedded default's kind, which may read the target's hidden
+    states) the model's option is the drafter's one-pass round, the suffix chain grafted beside it;
+    rounds without it leave the drafter's cache and feature log to catch up at the next."""
+    from test_sampling_lossless import parallelspec_pair
+    from test_target_features import feature_drafter
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+
+    if features:
+        target = tiny_model("llama", seed=3)
+        drafter = feature_drafter(target, n_masks=2)
+    else:
+        target, drafter = parallelspec_pair()
+    prompts = [[1, 4, 2, 5, 1, 4, 2, 5, 1], [3, 3, 6, 3, 3], [7, 1, 2]]
+    engine = Engine(target, drafter)
+    depth = 3 if features else 2
+    policy = ChoosePolicy(costs, SuffixSource(depth=3), model=ParallelSpecPolicy(drafter, (1,), depth=depth))
+    params = SamplingParams(max_new_tokens=24, temperature=0, search_key="s", phase="value")
+    for _ in range(2):
+        results = engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 24) for p in prompts]
+    if costs is FLAT:
+        assert policy._phases[("value", "model")].trials > 0 and policy._phases[("value", "suffix")].trials > 0
+        assert max(rec["drafted"] for rec in policy.records) > depth  # grafted rounds
+    # by name, the drafter's own defaults
+    named = engine.policy(mode, (1, 1, 1), params, "choose")
+    assert named.model is not None and named.max_len == named.model.depth

@@ -469,7 +469,7 @@ class Engine:
                                        f"with a chain k_config and passes=1, lookup=0") from None
 
     def _check_feature_policy(self, name: str) -> None:
-        if self.target_hidden is not None and name not in ("parallelspec", *MODEL_FREE_POLICIES):
+        if self.target_hidden is not None and name not in ("parallelspec", "choose", *MODEL_FREE_POLICIES):
             raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
                              f"the target's hidden states, which drafted tokens do not have: use the "
                              f"'parallelspec' policy (the default for it)")

@@ -56,20 +56,20 @@ def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
 
 
 def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
-                graft: bool, has_model: bool = True) -> tuple[int, int]:
+                graft: bool, one_pass: bool = False) -> tuple[int, int]:
     """(model chain length, suffix chain length) with the most expected accepted tokens minus what
-    their added seconds would give at the round's plain rate; (0, 0): a plain step."""
+    their added seconds would give at the round's plain rate; (0, 0): a plain step. one_pass: the
+    model drafts its max_len levels in one forward (a ParallelSpec drafter) or not at all."""
     rows = max(1, rows)
     base = costs.target(rows)
     rate = rows / base
     per_step = costs.draft(rows) / rows  # a draft step's share of one row in a round of `rows`
     best, best_gain = (0, 0), 0.0
-    ks = range(max_len + 1) if has_model else (0,)
-    for k in ks:
+    for k in ((0, max_len) if one_pass else range(max_len + 1)):
         for l in ((0, suffix_len) if suffix_len else (0,)):
             if (k == 0 and l == 0) or (k and l and not graft):
                 continue
-            added = costs.target(rows + k + l) - base + k * per_step
+            added = costs.target(rows + k + l) - base + (min(k, 1) if one_pass else k) * per_step
             gain = expected_accepted(a_model, k, a_suffix, l) - rate * added
             if gain > best_gain:
                 best, best_gain = (k, l), gain
@@ -99,6 +99,7 @@ class _Row:
         self.gap = {s: probe_every for s in SOURCES}
         self.taken: tuple[int, int] = (0, 0)  # this round's (model length, suffix nodes)
         self.suffix_tokens: list[int] = []  # this round's suffix chain (to judge it after verification)
+        self.round = None  # this round's ParallelSpecRound, where the model drafted one
 
 
 class ChoosePolicy(DraftPolicy):
@@ -106,14 +107,19 @@ class ChoosePolicy(DraftPolicy):
 
     def __init__(self, costs: Costs, source: SuffixSource | None = None, max_len: int = 3, graft: bool = True,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 8,
-                 load: str = "greedy"):
+                 load: str = "greedy", model=None):
         if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1:
             raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1 and 0 < decay <= 1")
         self.costs, self.source = costs, source or SuffixSource(depth=max_len)
         self.max_len, self.graft, self.prior, self.prior_weight = max_len, graft, prior, prior_weight
         self.decay, self.probe_every = decay, probe_every
         self.load = load_option(self.name, load)
-        self.drafts_trees = graft or self.source.width > 1
+        # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
+        # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
+        self.model = model
+        if model is not None:
+            self.max_len = model.depth
+        self.drafts_trees = graft or self.source.width > 1 or (model is not None and model.drafts_trees)
         self._rows: dict[int, _Row] = {}
         self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
         self._load: dict[int, int] = {}  # id(seq) -> the rows of its batched round (its plan)
@@ -130,15 +136,20 @@ class ChoosePolicy(DraftPolicy):
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
-        return options["graft"] or options["suffix"]["width"] > 1
+        return options["graft"] or options["suffix"]["width"] > 1 or _parallel_drafter(engine) and any(
+            k > 1 for k in k_config)
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "ChoosePolicy":
         o = cls.parse_options(**options)
         max_len = o["max_len"] or len(k_config)
         suffix = dict(o["suffix"], depth=o["suffix"]["depth"] or 8)
+        model = None
+        if _parallel_drafter(engine):  # its own defaults (depth, cut, lookup: drafter.json)
+            from .parallelspec import ParallelSpecPolicy
+            model = ParallelSpecPolicy.from_options(engine, k_config, params)
         return cls(load_costs(engine, recalibrate=o["recalibrate"]), SuffixSource(**suffix), max_len, o["graft"],
-                   o["prior"], probe_every=o["probe_every"], load=o["load"])
+                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model)
 
     def _row(self, seq) -> _Row:
         row = self._rows.get(id(seq))
@@ -167,6 +178,8 @@ class ChoosePolicy(DraftPolicy):
     def plan_batch(self, seqs: list, rows: int) -> None:
         together = planned_together(seqs, self.load)
         self._load = {id(s): rows for s in together}
+        if self.model is not None:
+            self.model.plan_batch(seqs, rows)
 
     def clear_text(self) -> None:
         self.source.clear()
@@ -177,13 +190,19 @@ class ChoosePolicy(DraftPolicy):
         nodes = self.source.draft(seq, b.remaining)
         chain = _chain(nodes)
         k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self.costs,
-                           self.max_len, self._load.pop(id(seq), 1), self.graft)
+                           self.max_len, self._load.pop(id(seq), 1), self.graft, self.model is not None)
         k, l = self._probe(row, k, l, len(chain))
-        row.taken, row.suffix_tokens = (k, l), [n.token for n in chain[:l]]
+        if self.model is not None and k:
+            k = self.max_len  # a probe of the model is its whole one-pass round
+        row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
         if k == 0 and l == 0:
             return _NoDraft(vocab_size)
         if k == 0:
             return SuffixRound(b, chain[:l])
+        if self.model is not None:
+            rnd = row.round = self.model.begin(seq, params, vocab_size)
+            rnd.suffix_chain = row.suffix_tokens  # grafted beside the drafter's levels (parallelspec.py)
+            return rnd
         if l == 0:
             return FixedRound(b, (1,) * k)
         return _GraftRound(b, (1,) * k, chain[:l])
@@ -210,7 +229,7 @@ class ChoosePolicy(DraftPolicy):
             k, l = row.taken
             # each source is judged by how much of its own chain the target's tokens agree with: the
             # walk follows one branch where both start alike, and the other was just as right
-            model = tree.tokens[l: l + k]
+            model = tree.tokens[l: l + k] if row.round is None else row.round.model_chain()
             for source, offered, tokens in (("model", len(model), model), ("suffix", l, row.suffix_tokens)):
                 if not offered or UNREAD in tokens:
                     continue
@@ -223,6 +242,12 @@ class ChoosePolicy(DraftPolicy):
         if seq.done:
             self._rows.pop(id(seq), None)
             self._load.pop(id(seq), None)
+
+
+def _parallel_drafter(engine) -> bool:
+    """Whether the engine's draft model is a ParallelSpec drafter (its [MASK] tokens draft every level in
+    one forward; one that reads the target's hidden states takes no other round)."""
+    return bool(getattr(getattr(engine, "draft", None), "n_masks", 0))
 
 
 def _chain(nodes) -> list:

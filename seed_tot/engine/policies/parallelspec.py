@@ -391,6 +391,16 @@ class ParallelSpecRound(DraftRound):
             b.next_entry += 1 + n_masks
         return Feed(tokens, parents)
 
+    def model_chain(self) -> list[int]:
+        """The drafter's most probable chain this round (each kept level's first node), once finished:
+        what a policy that grafts text beside it judges the drafter by (choose.py)."""
+        chain = []
+        for level in self.level_nodes[: getattr(self, "kept", len(self.level_nodes))]:
+            if not level or level[0] is None:
+                break
+            chain.append(self.b.tokens[level[0]])
+        return chain
+
     def _cut(self, levels, rows: int = 1, level_by_level: bool = False) -> int:
         """The number of levels whose draft has the most expected tokens per second (see the module doc),
         in a forward of `rows` rows that each draft like this one (1: the row alone); level_by_level:
@@ -415,6 +425,7 @@ class ParallelSpecRound(DraftRound):
         else:
             kept = (self._cut(levels, self.priced_rows, level_by_level=not b.params.greedy)
                     if self.costs is not None else len(levels))
+        self.kept = kept
         # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
         nodes = [n for level in self.level_nodes[:kept] for n in level if n is not None]
         if self.lookup or self.suffix_chain:
