@@ -441,3 +441,17 @@ def test_choose_with_a_parallelspec_drafter_is_exact(mode, batch, costs, feature
     # by name, the drafter's own defaults
     named = engine.policy(mode, (1, 1, 1), params, "choose")
     assert named.model is not None and named.max_len == named.model.depth
+
+
+def test_cli_suffix_and_choose_match_ar(tiny_model_dirs):
+    import json
+    from test_cli import run
+
+    target, draft = tiny_model_dirs
+    outs = {}
+    for label, args in (("ar", ["--mode", "ar"]), ("suffix", ["--draft", "lookup", "--draft-policy", "suffix"]),
+                        ("choose", ["--draft", draft, "--draft-policy", "choose", "--policy-option", "depth=4"])):
+        out = run("generate", "Tom has 3 apples. Tom has 3 apples.", "--target", target, *args,
+                  "--max-new-tokens", "12", "--json")
+        outs[label] = json.loads(out.splitlines()[0])["token_ids"]
+    assert outs["ar"] == outs["suffix"] == outs["choose"]
