@@ -37,7 +37,7 @@ import weakref
 from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
 from ..params import SamplingParams
-from .auto import MAX_PROBE_GAP, _NoDraft
+from .auto import MAX_PROBE_GAP, NoDraft
 from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together
 from .fixed import FixedRound
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
@@ -196,7 +196,7 @@ class ChoosePolicy(DraftPolicy):
             k = self.max_len  # a probe of the model is its whole one-pass round
         row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
         if k == 0 and l == 0:
-            return _NoDraft(vocab_size)
+            return NoDraft(vocab_size)
         if k == 0:
             return SuffixRound(b, chain[:l])
         if self.model is not None:
