@@ -103,11 +103,11 @@ def _hf_generate(model, prompts: list[list[int]], new_tokens: int, temperature: 
 
 
 def _engine_generate(engine: Engine, mode: str, prompts: list[list[int]], new_tokens: int,
-                     temperature: float = 0.0) -> None:
+                     temperature: float = 0.0, policy_name: str = "fixed") -> None:
     engine.clear_prefix_cache(keep=False)  # a repeat must score its prompts again, as the first run did
     # seed with fixed chains: its default on a CPU, auto, declines the draft on these models and would
     # time parallel's step, not the drafting path
-    policy = {"draft_policy": "fixed"} if mode == "seed" else {}
+    policy = {"draft_policy": policy_name} if mode == "seed" else {}
     engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, temperature=temperature), mode=mode, **policy)
 
 
@@ -135,7 +135,7 @@ def measure_rows(engine: Engine, rows: int, args) -> dict:
     result["transformers_ms"] = on_thread(per_step_ms, lambda n: _hf_generate(model, prompts, n, t),
                                           args.new_tokens, args.repeats)
     for mode in args.modes:
-        result[f"{mode}_ms"] = per_step_ms(lambda n, m=mode: _engine_generate(engine, m, prompts, n, t),
+        result[f"{mode}_ms"] = per_step_ms(lambda n, m=mode: _engine_generate(engine, m, prompts, n, t, args.policy),
                                            args.new_tokens, args.repeats)
     # counted apart from the timed runs: the dispatch mode itself costs host time
     with ForwardOps(model) as counted:
@@ -184,6 +184,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="0: greedy; else both sides sample at it (no top-k/top-p)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", default="fixed",
+                        help="seed's draft policy (fixed: the drafting path; suffix, choose: the text drafts' host cost)")
     parser.add_argument("--json", dest="json_file", help="write the rows and settings here")
     args = parser.parse_args(argv)
     args.rows = [int(r) for r in args.rows.split(",")]

@@ -22,6 +22,10 @@ def _policy(name: str, draft):
     if name == "auto-load":  # batched seed at 8 rows: flat up to 15 tokens, so rows draft 0, 1 or 2
         return AutoPolicy(Costs(0.1, 0.0, 0.001, ((1, 0.1), (15, 0.1), (64, 1.0)), ((1, 0.001), (32, 0.002))), max_len=2,
                           load="all", prefill="free")  # sampled rows planned together too
+    if name == "choose":  # the draft model's chain and the suffix source's, grafted where both pay (flat costs)
+        from seed_tot.engine.policies.choose import ChoosePolicy
+        from seed_tot.engine.policies.suffix import SuffixSource
+        return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2)
     # prefill=free: these calls must draft (a call that declines runs parallel's steps, tested apart)
     return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2, prefill="free")
 
@@ -29,7 +33,9 @@ def _policy(name: str, draft):
 CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "seed", "top_k")]
          + [("specdec", "seed", "top_p"), ("auto", "sd", "temperature"), ("auto-load", "seed", "temperature")]
          # sd with SpecDec++'s head and mcsd with OPT-Tree's trees (gaps in the 2026-11-26 (d92b9b3) entry's audit of the matrix)
-         + [("specdec", "sd", "temperature"), ("opt-tree", "mcsd", "temperature")])
+         + [("specdec", "sd", "temperature"), ("opt-tree", "mcsd", "temperature")]
+         # choose: its suffix nodes read every earlier row's output (share=all), picked before the model's draws
+         + [("choose", "sd", "temperature"), ("choose", "seed", "top_p")])
 
 
 @pytest.mark.parametrize("name,mode,setting", CASES)

@@ -26,7 +26,7 @@ MODES = ("ar", "parallel", "sd", "mcsd", "seed")
 DRAFTING_MODES = ("sd", "mcsd", "seed")  # the modes that run a draft model
 AUTO_BATCH = "auto"  # SEED's default draft/verify batch: batched where exact (Engine.resolve_batches)
 ALL_BATCH = "all"  # every queued draft / ready worker; the canonical form of None too
-POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup")  # engine/policies builds them
+POLICIES = ("fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup", "suffix", "choose")  # engine/policies builds them
 
 
 class DecodeSpecError(ValueError):

@@ -187,7 +187,7 @@ class Engine:
         workers drafted per draft forward (None or "all": all that are ready; 1: one row per draft forward, the paper's;
         "auto", the default: see `resolve_batches`).
         draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto", "parallelspec",
-        "lookup" (prompt lookup: needs no draft model) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
+        "lookup" (prompt lookup: needs no draft model), "suffix" (the run's own text: needs none either) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         spec = call_spec(spec, self.default_mode, mode=mode, k_config=k_config, n_workers=n_workers,
@@ -392,6 +392,8 @@ class Engine:
         for store in self.prefix_stores.values():
             store.clear()
             store.max_entries = self.prefix_cache_entries if keep else 0
+        for policy in list(self._policies.values()):  # and the text drafts read (a run starts as a fresh engine)
+            policy.clear_text()
 
     def _draft_prefill_tokens(self, seqs: list[Sequence]) -> int:
         """The prompt tokens `_prefill_shared` would score through the draft for these sequences."""
@@ -464,7 +466,7 @@ class Engine:
             return None
         shape = (1,) * len(k_config) if mode == "sd" else k_config
         name = self.policy_name(draft_policy, mode, k_config)
-        if self.draft is None and name != "lookup":
+        if self.draft is None and name not in MODEL_FREE_POLICIES:
             raise _needs_draft(mode)
         self._check_feature_policy(name)
         key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
@@ -503,7 +505,7 @@ class Engine:
                                        f"with a chain k_config and passes=1, lookup=0") from None
 
     def _check_feature_policy(self, name: str) -> None:
-        if self.target_hidden is not None and name not in ("parallelspec", "lookup"):
+        if self.target_hidden is not None and name not in ("parallelspec", "choose", *MODEL_FREE_POLICIES):
             raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
                              f"the target's hidden states, which drafted tokens do not have: use the "
                              f"'parallelspec' policy (the default for it)")
@@ -521,6 +523,10 @@ def _report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence]
     """A priced call's output lengths to its policy, once it has finished (not when failed or cancelled)."""
     if not future.cancelled() and future.exception() is None:
         policy.call_finished(params, [len(seq.generated) for seq in seqs])
+
+
+# the named policies that never run a draft model: an engine without one serves them
+MODEL_FREE_POLICIES = ("lookup", "suffix")
 
 
 def _with_draft(mode: str, policy) -> bool:

@@ -27,6 +27,10 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
     stop: tuple[str, ...] = ()
     seed: int = 0
+    # the search this call belongs to ("" : none) and the phase of its rows (thought, value, ...): text
+    # draft sources read a search's earlier text and keep estimates per phase (engine/suffix_index.py)
+    search_key: str = ""
+    phase: str = ""
 
     def __post_init__(self) -> None:
         # Checked here, by type too: a value the sampler cannot use (top_k=1.5, stop=[1], seed=None)
@@ -50,6 +54,9 @@ class SamplingParams:
             raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
         if not _is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("search_key", "phase"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
 
     @property
     def greedy(self) -> bool:

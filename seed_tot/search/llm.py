@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class LLMCaller:
         self.on_progress = on_progress  # called before and after every engine call
         self._base_seed = settings.seed
         self._calls = 0
+        self.search_key = ""  # one search's calls share it (reseed): text drafts read their own search's text
 
     def reseed(self, key: str) -> None:
         """Restart the seed sequence for one problem. Keyed on the problem id (not on how many
@@ -100,6 +102,8 @@ class LLMCaller:
         self._base_seed = self.settings.seed + zlib.crc32(key.encode("utf-8")) % 1_000_000_007
         self._calls = 0
         self.progress = ProblemProgress(key)
+        # unique per search, not per problem: a rerun of a problem on the same engine reads none of the last run's text
+        self.search_key = f"{key}#{uuid.uuid4().hex[:12]}"
 
     @property
     def engine_calls(self) -> int:
@@ -150,7 +154,8 @@ class LLMCaller:
     def _generate(self, rendered: list[str], stop: tuple[str, ...], max_tokens: int, phase: str) -> list[str]:
         s = self.settings
         params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
-                                seed=self._base_seed + self._calls * SEED_STRIDE)
+                                seed=self._base_seed + self._calls * SEED_STRIDE,
+                                search_key=self.search_key, phase=phase)  # text drafts' scopes (suffix_index.py)
         self._calls += 1
         self.progress.phase = phase
         self.progress.steps += phase == "thought"

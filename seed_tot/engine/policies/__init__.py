@@ -14,6 +14,10 @@
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
     lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
               last n tokens (prompt lookup decoding; prompt_lookup.py)
+    suffix    no draft model: what followed the longest match in the row's, its search's and the
+              run's text, scored by branch counts (SuffixDecoding; suffix.py, engine/suffix_index.py)
+    choose    per row and round, the draft model's chain, the suffix draft, both grafted or none: the
+              most expected accepted tokens per unit of step cost (choose.py)
 
 The interface (base.py), designed so that a batched scheduler can drive many rows at once:
     cls.parse_options(**options) -> dict                     the options read and checked without an engine
@@ -96,6 +100,12 @@ def _policy_class(name: str):
     if name == "lookup":
         from .prompt_lookup import PromptLookupPolicy
         return PromptLookupPolicy
+    if name == "suffix":
+        from .suffix import SuffixPolicy
+        return SuffixPolicy
+    if name == "choose":
+        from .choose import ChoosePolicy
+        return ChoosePolicy
     raise ValueError(f"unknown draft policy {name!r}; expected one of {', '.join(POLICIES)}")
 
 

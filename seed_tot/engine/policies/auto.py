@@ -301,7 +301,7 @@ class AutoPolicy(DraftPolicy):
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         k = self.choose(seq)
         if not k:
-            return _NoDraft(vocab_size)
+            return NoDraft(vocab_size)
         builder = TreeBuilder(seq, params, vocab_size)
         if self.head is not None:
             from .specdec import SpecDecRound
@@ -337,7 +337,7 @@ def _call_kind(params: SamplingParams) -> tuple:
     return params.max_new_tokens, params.stop
 
 
-class _NoDraft(DraftRound):
+class NoDraft(DraftRound):
     """A plain target step: no draft forward; the draft cache catches up when drafting resumes."""
 
     def __init__(self, vocab_size: int):

@@ -165,6 +165,10 @@ class DraftPolicy:
         size (`rows`, every call's rows): a policy that prices its drafts by what shares the forwards
         plans them here (default: each row plans alone)."""
 
+    def clear_text(self) -> None:
+        """Forget the text kept from earlier calls (the suffix source's scopes), so that a benchmark run
+        starts as cold as a fresh engine (Engine.clear_prefix_cache); default: none kept."""
+
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         """Called after each verification with what the target accepted (default: nothing to learn)."""
         records = self.records

@@ -68,6 +68,10 @@ the context's last N (down to 1) tokens, up to the round's depth, sharing the dr
 path. It is picked, not sampled, so the verifier tries it first in its sibling group and then the
 drafter's draws against the residual (verify.py): exact at any temperature. It is added after the
 cut, so it is never priced away: one more chain of verified tokens per round.
+
+Option suffix=true grafts the suffix source's chain the same way (suffix.py: what followed the longest
+match in the row's, its search's and the run's text, scored by branch counts), beside the lookup's
+guess where both are on.
 """
 from __future__ import annotations
 
@@ -105,7 +109,8 @@ class ParallelSpecPolicy(DraftPolicy):
     name = "parallelspec"
 
     def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None,
-                 load: str = "greedy", passes: int = 1, lookup: int = 0, sampled_rows: int = SAMPLED_ROWS):
+                 load: str = "greedy", passes: int = 1, lookup: int = 0, sampled_rows: int = SAMPLED_ROWS,
+                 suffix: "SuffixSource | None" = None):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -135,16 +140,18 @@ class ParallelSpecPolicy(DraftPolicy):
             raise ValueError(f"draft policy 'parallelspec': sampled_rows={sampled_rows} must be >= 1")
         self.sampled_rows = sampled_rows
         self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
-        self.drafts_trees = _drafts_trees(self.widths, passes, lookup)
+        self.suffix = suffix  # grafted beside the drafter's tree as the lookup's guess is
+        self.drafts_trees = _drafts_trees(self.widths, passes, lookup) or suffix is not None
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
         depth = _default_depth(engine.draft) if options["depth"] is None else options["depth"]
-        return _drafts_trees(k_config[:depth], options["passes"], _default_lookup(engine.draft, options["lookup"]))
+        return (_drafts_trees(k_config[:depth], options["passes"], _default_lookup(engine.draft, options["lookup"]))
+                or options["suffix"])
 
     @classmethod
     def parse_options(cls, depth=None, cut=None, recalibrate="false", load="greedy", passes=1, lookup=None,
-                      sampled_rows=SAMPLED_ROWS) -> dict:
+                      sampled_rows=SAMPLED_ROWS, suffix="false") -> dict:
         """depth, cut and lookup left out (None) take the drafter's defaults when the policy is built."""
         if cut and cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
@@ -152,15 +159,21 @@ class ParallelSpecPolicy(DraftPolicy):
                 "recalibrate": flag_option(cls.name, "recalibrate", recalibrate), "load": load_option(cls.name, load),
                 "passes": option(cls.name, "passes", passes, int, 1),
                 "lookup": None if lookup is None else option(cls.name, "lookup", lookup, int, 0),
-                "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1)}
+                "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1),
+                "suffix": flag_option(cls.name, "suffix", suffix)}
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "ParallelSpecPolicy":
         o = cls.parse_options(**options)
         cut = o["cut"] or getattr(engine.draft, "default_cut", None) or "none"
         costs = load_costs(engine, recalibrate=o["recalibrate"]) if cut == "cost" else None
-        return cls(engine.draft, k_config, o["depth"], costs, o["load"], o["passes"],
-                   _default_lookup(engine.draft, o["lookup"]), o["sampled_rows"])
+        policy = cls(engine.draft, k_config, o["depth"], costs, o["load"], o["passes"],
+                     _default_lookup(engine.draft, o["lookup"]), o["sampled_rows"])
+        if o["suffix"]:
+            from .suffix import SuffixSource
+            policy.suffix = SuffixSource(depth=policy.depth)
+            policy.drafts_trees = True
+        return policy
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         jointly = planned_together(seqs, self.load)
@@ -172,9 +185,21 @@ class ParallelSpecPolicy(DraftPolicy):
         self._joint = {id(s): cut for s in jointly}
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
-        return ParallelSpecRound(TreeBuilder(seq, params, vocab_size), self.widths, self.mask_ids, self.costs,
-                                 self._joint.pop(id(seq), None), self.passes, self.lookup,
-                                 1 if params.greedy else self.sampled_rows)
+        builder = TreeBuilder(seq, params, vocab_size)
+        rnd = ParallelSpecRound(builder, self.widths, self.mask_ids, self.costs, self._joint.pop(id(seq), None),
+                                self.passes, self.lookup, 1 if params.greedy else self.sampled_rows)
+        if self.suffix is not None:
+            rnd.suffix_chain = [n.token for n in self.suffix.draft(seq, min(builder.remaining, len(self.widths)))]
+        return rnd
+
+    def clear_text(self) -> None:
+        if self.suffix is not None:
+            self.suffix.clear()
+
+    def observe(self, seq, tree, acceptance) -> None:
+        super().observe(seq, tree, acceptance)
+        if self.suffix is not None:
+            self.suffix.observe(seq)
 
 
 class ParallelSpecRound(DraftRound):
@@ -188,6 +213,7 @@ class ParallelSpecRound(DraftRound):
         self.costs = costs
         self.passes, self.passes_run = passes, 0
         self.lookup = lookup
+        self.suffix_chain: list[int] = []  # the suffix source's chain to graft (ParallelSpecPolicy.suffix)
         self.levels: list[list[tuple[int, int, torch.Tensor | None, float]]] = []  # (parent slot, token, q, p̂)
         self.level_nodes: list[list[int]] = []  # the builder's node ids, level by level
         # per node of the newest level (the root at first): the drafter rows its children's levels are
@@ -365,6 +391,16 @@ class ParallelSpecRound(DraftRound):
             b.next_entry += 1 + n_masks
         return Feed(tokens, parents)
 
+    def model_chain(self) -> list[int]:
+        """The drafter's most probable chain this round (each kept level's first node), once finished:
+        what a policy that grafts text beside it judges the drafter by (choose.py)."""
+        chain = []
+        for level in self.level_nodes[: getattr(self, "kept", len(self.level_nodes))]:
+            if not level or level[0] is None:
+                break
+            chain.append(self.b.tokens[level[0]])
+        return chain
+
     def _cut(self, levels, rows: int = 1, level_by_level: bool = False) -> int:
         """The number of levels whose draft has the most expected tokens per second (see the module doc),
         in a forward of `rows` rows that each draft like this one (1: the row alone); level_by_level:
@@ -389,12 +425,17 @@ class ParallelSpecRound(DraftRound):
         else:
             kept = (self._cut(levels, self.priced_rows, level_by_level=not b.params.greedy)
                     if self.costs is not None else len(levels))
+        self.kept = kept
         # nodes fed past the cut stay out of the tree; the commit keeps only fed nodes on the accepted path
         nodes = [n for level in self.level_nodes[:kept] for n in level if n is not None]
-        if self.lookup:
+        if self.lookup or self.suffix_chain:
             # it shares only kept picked nodes: never one the cut dropped, never a sampled one (prompt_lookup.py)
             picked = [n for n in nodes if b.q_index[n] == DETERMINISTIC]
-            nodes += graft_chain(b, lookup_continuation(b.seq.tokens, self.lookup, len(self.widths)), picked)
+            for chain in ((lookup_continuation(b.seq.tokens, self.lookup, len(self.widths)) if self.lookup else []),
+                          self.suffix_chain):
+                added = graft_chain(b, chain, picked)
+                nodes += added
+                picked += added
             return b.tree(picked_first(b.parents, b.q_index, nodes), ordered=True)
         return b.tree() if kept == len(levels) else b.tree(nodes)
 

@@ -1,0 +1,286 @@
+"""`choose`: per row and round, the draft source with the most expected accepted tokens per unit of
+step cost: the draft model's chain, the suffix source (suffix.py: the run's own text), both (the
+suffix draft grafted beside the model's chain), or none (a plain target step).
+
+Why: a small draft model alone cannot beat batching by much at a ToT step's load (its acceptance is
+the pair's), while the search's own text drafts for free wherever it repeats itself (siblings of one
+prompt, an evaluator's replies, the question's names and numbers) and not at all elsewhere. Which one
+pays changes from row to row and phase to phase, so each is priced every round:
+
+    expected accepted   model chain of K: sum_i a_m^i; suffix chain of L: sum_i a_s^i; both (two
+                        branches off the root): sum_i 1 - (1 - a_m^i [i <= K]) (1 - a_s^i [i <= L])
+    step cost           K draft steps (the draft's batched step cost shared by the round's rows)
+                        + what verifying 1 + K + L tokens adds to the round's target forward
+    choice              the option with the most  expected accepted - R x added seconds,  R being
+                        the round's plain rate (rows / target(rows)): an option is taken only where
+                        its tokens come cheaper than a plain step's, as `auto` declines a draft
+                        that does not pay (none scores 0).
+
+a_m and a_s are running, decayed per-token acceptances of each row, starting from every row's of the
+same phase so far (SamplingParams.phase: thought, value, answer); a source not taken for a while is
+probed (as auto probes), the gap doubling after each probe that fails. Costs: engine/cost_model.py.
+
+Exactness: every option's draft is verified as any other (the suffix nodes are picked, one-hot
+proposals, tried before the model's draws in their sibling group, verify.py). A sampled row (under
+load=greedy, the default) decides from its own history and a round of one row only, so its choices,
+and thus its sample for a seed, depend on nothing that runs beside it (base.load_option).
+
+Options: max_len (the model chain's longest; default len(k_config)), graft (allow both at once;
+default true: a round may then be a two-branch tree), prior (the estimates' start; default 0.5),
+probe_every (default 8), load (greedy|all|off), recalibrate, and the suffix source's (suffix.py:
+depth, width, min_prob, factor, candidates, run_tokens, share).
+"""
+from __future__ import annotations
+
+import weakref
+
+from ..cost_model import Costs, load_costs
+from ..draft_tree import UNREAD
+from ..params import SamplingParams
+from .auto import MAX_PROBE_GAP, NoDraft
+from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together
+from .fixed import FixedRound
+from .suffix import SuffixRound, SuffixSource, add_device_nodes
+
+SOURCES = ("model", "suffix")
+
+
+def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
+    """Expected accepted draft tokens of a model chain of k and a suffix chain of l off one root."""
+    total = 0.0
+    for i in range(1, max(k, l) + 1):
+        miss_m = 1.0 - (a_model ** i if i <= k else 0.0)
+        miss_s = 1.0 - (a_suffix ** i if i <= l else 0.0)
+        total += 1.0 - miss_m * miss_s
+    return total
+
+
+def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
+                graft: bool, one_pass: bool = False) -> tuple[int, int]:
+    """(model chain length, suffix chain length) with the most expected accepted tokens minus what
+    their added seconds would give at the round's plain rate; (0, 0): a plain step. one_pass: the
+    model drafts its max_len levels in one forward (a ParallelSpec drafter) or not at all."""
+    rows = max(1, rows)
+    base = costs.target(rows)
+    rate = rows / base
+    per_step = costs.draft(rows) / rows  # a draft step's share of one row in a round of `rows`
+    best, best_gain = (0, 0), 0.0
+    for k in ((0, max_len) if one_pass else range(max_len + 1)):
+        for l in ((0, suffix_len) if suffix_len else (0,)):
+            if (k == 0 and l == 0) or (k and l and not graft):
+                continue
+            added = costs.target(rows + k + l) - base + (min(k, 1) if one_pass else k) * per_step
+            gain = expected_accepted(a_model, k, a_suffix, l) - rate * added
+            if gain > best_gain:
+                best, best_gain = (k, l), gain
+    return best
+
+
+class _Estimate:
+    """Decayed judged tokens of one source: hits (accepted), trials (accepted + the first rejected)."""
+
+    __slots__ = ("hits", "trials")
+
+    def __init__(self):
+        self.hits = self.trials = 0.0
+
+    def add(self, accepted: int, offered: int, decay: float) -> None:
+        self.hits = decay * self.hits + accepted
+        self.trials = decay * self.trials + accepted + (accepted < offered)
+
+    def value(self, start: float, weight: float) -> float:
+        return (self.hits + start * weight) / (self.trials + weight)
+
+
+class _Row:
+    def __init__(self, probe_every: int):
+        self.est = {s: _Estimate() for s in SOURCES}
+        self.idle = {s: 0 for s in SOURCES}  # rounds since the source was last taken
+        self.gap = {s: probe_every for s in SOURCES}
+        self.taken: tuple[int, int] = (0, 0)  # this round's (model length, suffix nodes)
+        self.suffix_tokens: list[int] = []  # this round's suffix chain (to judge it after verification)
+        self.round = None  # this round's ParallelSpecRound, where the model drafted one
+
+
+class ChoosePolicy(DraftPolicy):
+    name = "choose"
+
+    def __init__(self, costs: Costs, source: SuffixSource | None = None, max_len: int = 3, graft: bool = True,
+                 prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 8,
+                 load: str = "greedy", model=None):
+        if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1:
+            raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1 and 0 < decay <= 1")
+        self.costs, self.source = costs, source or SuffixSource(depth=max_len)
+        self.max_len, self.graft, self.prior, self.prior_weight = max_len, graft, prior, prior_weight
+        self.decay, self.probe_every = decay, probe_every
+        self.load = load_option(self.name, load)
+        # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
+        # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
+        self.model = model
+        if model is not None:
+            self.max_len = model.depth
+        self.drafts_trees = graft or self.source.width > 1 or (model is not None and model.drafts_trees)
+        self._rows: dict[int, _Row] = {}
+        self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
+        self._load: dict[int, int] = {}  # id(seq) -> the rows of its batched round (its plan)
+
+    @classmethod
+    def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", recalibrate="false",
+                      depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32, run_tokens=1 << 16,
+                      share="greedy") -> dict:
+        return {"max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
+                "graft": flag_option(cls.name, "graft", graft), "prior": option(cls.name, "prior", prior, float, 0, high=1),
+                "probe_every": option(cls.name, "probe_every", probe_every, int, 1), "load": load_option(cls.name, load),
+                "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
+                "suffix": SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share)}
+
+    @classmethod
+    def may_draft_trees(cls, engine, k_config, options) -> bool:
+        return options["graft"] or options["suffix"]["width"] > 1 or _parallel_drafter(engine) and any(
+            k > 1 for k in k_config)
+
+    @classmethod
+    def from_options(cls, engine, k_config, params, **options) -> "ChoosePolicy":
+        o = cls.parse_options(**options)
+        max_len = o["max_len"] or len(k_config)
+        suffix = dict(o["suffix"], depth=o["suffix"]["depth"] or 8)
+        model = None
+        if _parallel_drafter(engine):  # its own defaults (depth, cut, lookup: drafter.json)
+            from .parallelspec import ParallelSpecPolicy
+            model = ParallelSpecPolicy.from_options(engine, k_config, params)
+        return cls(load_costs(engine, recalibrate=o["recalibrate"]), SuffixSource(**suffix), max_len, o["graft"],
+                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model)
+
+    def _row(self, seq) -> _Row:
+        row = self._rows.get(id(seq))
+        if row is None:
+            row = self._rows[id(seq)] = _Row(self.probe_every)
+            try:  # a row of a failed or cancelled call never reaches `done`: its state goes with it
+                weakref.finalize(seq, self._rows.pop, id(seq), None)
+            except TypeError:
+                pass
+        return row
+
+    def _pooled(self, params: SamplingParams) -> bool:
+        return self.load == "all" or (self.load == "greedy" and params.greedy)
+
+    def alpha(self, seq, source: str) -> float:
+        """A row's acceptance estimate for a source: its own judged drafts, starting from its phase's
+        (a row that may read other rows, `_pooled`) or from the prior."""
+        params = seq.rule.params
+        start = self.prior
+        if self._pooled(params):
+            pooled = self._phases.get((params.phase, source))
+            if pooled is not None:
+                start = pooled.value(self.prior, self.prior_weight)
+        return self._row(seq).est[source].value(start, self.prior_weight)
+
+    def plan_batch(self, seqs: list, rows: int) -> None:
+        together = planned_together(seqs, self.load)
+        self._load = {id(s): rows for s in together}
+        if self.model is not None:
+            self.model.plan_batch(seqs, rows)
+
+    def clear_text(self) -> None:
+        self.source.clear()
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        row = self._row(seq)
+        b = TreeBuilder(seq, params, vocab_size)
+        nodes = self.source.draft(seq, b.remaining)
+        chain = _chain(nodes)
+        k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self.costs,
+                           self.max_len, self._load.pop(id(seq), 1), self.graft, self.model is not None)
+        k, l = self._probe(row, k, l, len(chain))
+        if self.model is not None and k:
+            k = self.max_len  # a probe of the model is its whole one-pass round
+        row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
+        if k == 0 and l == 0:
+            return NoDraft(vocab_size)
+        if k == 0:
+            return SuffixRound(b, chain[:l])
+        if self.model is not None:
+            rnd = row.round = self.model.begin(seq, params, vocab_size)
+            rnd.suffix_chain = row.suffix_tokens  # grafted beside the drafter's levels (parallelspec.py)
+            return rnd
+        if l == 0:
+            return FixedRound(b, (1,) * k)
+        return _GraftRound(b, (1,) * k, chain[:l])
+
+    def _probe(self, row: _Row, k: int, l: int, available: int) -> tuple[int, int]:
+        """Take a source not taken for `gap` rounds once, so its estimate can recover."""
+        for source, taken in (("model", k), ("suffix", l)):
+            if taken or (source == "suffix" and not available):
+                row.idle[source] = 0
+                continue
+            row.idle[source] += 1
+            if row.idle[source] >= row.gap[source]:
+                row.idle[source] = 0
+                if source == "model" and (l == 0 or self.graft):
+                    k = 1
+                elif source == "suffix" and (k == 0 or self.graft):
+                    l = available
+        return k, l
+
+    def observe(self, seq, tree, acceptance) -> None:
+        super().observe(seq, tree, acceptance)
+        row = self._rows.get(id(seq))
+        if row is not None and tree.depth():
+            k, l = row.taken
+            # each source is judged by how much of its own chain the target's tokens agree with: the
+            # walk follows one branch where both start alike, and the other was just as right
+            model = tree.tokens[l: l + k] if row.round is None else row.round.model_chain()
+            for source, offered, tokens in (("model", len(model), model), ("suffix", l, row.suffix_tokens)):
+                if not offered or UNREAD in tokens:
+                    continue
+                hit = min(offered, _common_prefix(acceptance.tokens, tokens))
+                row.est[source].add(hit, offered, self.decay)
+                if self._pooled(seq.rule.params):
+                    self._phases.setdefault((seq.rule.params.phase, source), _Estimate()).add(hit, offered, self.decay)
+                row.gap[source] = self.probe_every if hit else min(MAX_PROBE_GAP, 2 * row.gap[source])
+        self.source.observe(seq)
+        if seq.done:
+            self._rows.pop(id(seq), None)
+            self._load.pop(id(seq), None)
+
+
+def _parallel_drafter(engine) -> bool:
+    """Whether the engine's draft model is a ParallelSpec drafter (its [MASK] tokens draft every level in
+    one forward; one that reads the target's hidden states takes no other round)."""
+    return bool(getattr(getattr(engine, "draft", None), "n_masks", 0))
+
+
+def _chain(nodes) -> list:
+    """The draft's first chain (its most probable path): a tree source's first branch."""
+    chain, last = [], -1
+    for i, n in enumerate(nodes):
+        if n.parent == last:
+            chain.append(n)
+            last = i
+    return chain
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _GraftRound(FixedRound):
+    """The draft model's chain with the suffix chain grafted beside it off the root. The suffix nodes
+    are added first (picked nodes before the model's draws in the root's sibling group, as the
+    verifier takes them), their tokens copied to the device where the model's picks wait, at the
+    first draft step (when that device is known); they are never fed to the draft model."""
+
+    def __init__(self, builder: TreeBuilder, k_config: tuple[int, ...], chain: list):
+        super().__init__(builder, k_config)
+        self.chain = chain
+
+    def step(self, logits, hidden, drawn=None):
+        if drawn is not None and self.chain:
+            add_device_nodes(self.b, self.chain, logits.device)
+            self.chain = []
+        return super().step(logits, hidden, drawn)
