@@ -284,6 +284,8 @@ def _prepare_policy(engine, settings) -> None:
     from seed_tot import SamplingParams
     from seed_tot.engine.policy_warmup import prepare_policy
 
+    if not callable(getattr(engine, "policy", None)):  # an engine that builds no draft policies (a test's fake)
+        return
     prepare_policy(engine, settings.decode, SamplingParams(temperature=settings.search.temperature))
 
 

@@ -25,8 +25,8 @@ def test_the_first_solve_calibrates_before_its_first_problem_and_says_so(tmp_pat
 
     monkeypatch.setenv("SEED_TOT_CACHE_DIR", str(tmp_path / "cache"))  # a machine that never calibrated
     events: list[str] = []
-    calibrate, solve_example = cost_model.calibrate, solve_module.solve_example
-    monkeypatch.setattr(cost_model, "calibrate", lambda *a, **k: events.append("calibrate") or calibrate(*a, **k))
+    measure, solve_example = cost_model.measure, solve_module.solve_example  # measure: the timing load_costs runs
+    monkeypatch.setattr(cost_model, "measure", lambda *a, **k: events.append("calibrate") or measure(*a, **k))
     monkeypatch.setattr(solve_module, "solve_example",
                         lambda *a, **k: events.append("problem") or solve_example(*a, **k))
     caplog.set_level(logging.INFO, logger="seed_tot")

@@ -79,6 +79,8 @@ class SimulatedActor:
         self.up_at, self.refs = ray.t + start_s, []  # a new actor loads its engine first
         self.solve = types.SimpleNamespace(remote=self._solve)
         self.ready = types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(remote=self._ready))
+        # the draft policy the actor's engine runs, for run.json (None: the simulated engine drafts nothing)
+        self.policy_name = types.SimpleNamespace(remote=lambda settings: Ref(max(self.ray.t, self.up_at)))
 
     def _ready(self):
         return self._call(Ref(max(self.ray.t, self.up_at)))
