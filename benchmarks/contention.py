@@ -35,10 +35,11 @@ from pathlib import Path
 log = logging.getLogger("contention")
 
 NEIGHBOURS = ("none", "matmul", "model")
-COLUMNS = ("engine", "omp1", "transformers")
+COLUMNS = ("engine", "omp1", "transformers")  # "pinned2" (SEED_TOT_THREADS=2: torch's old default) on request
 NEIGHBOUR_NAMES = {"none": "none", "matmul": "a PyTorch process multiplying 256x256 matrices (default threads)",
                    "model": "a heavier PyTorch job (a 135M model's forwards)"}
 COLUMN_NAMES = {"engine": "engine, its own thread choice", "omp1": "engine, OMP_NUM_THREADS=1",
+                "pinned2": "engine, SEED_TOT_THREADS=2 (before the thread choice)",
                 "transformers": "transformers generate, default threads"}
 PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
           "How many clips did Natalia sell altogether in April and May?")
@@ -134,7 +135,8 @@ def measure(column: str, target: str | None, draft: str | None, new_tokens: int,
 
 
 def _measured(column: str, args) -> dict:
-    env = _clean_env(**({"OMP_NUM_THREADS": "1"} if column == "omp1" else {}))
+    env = _clean_env(**({"OMP_NUM_THREADS": "1"} if column == "omp1" else
+                        {"SEED_TOT_THREADS": "2"} if column == "pinned2" else {}))
     cmd = [sys.executable, __file__, "_measure", column, "--new-tokens", str(args.new_tokens), "--repeats",
            str(args.repeats), "--modes", args.modes] + (["--target", args.target] if args.target else []) + (
            ["--draft", args.draft] if args.draft else [])
