@@ -1,4 +1,7 @@
-"""A real `seed-tot serve` process on 127.0.0.1 over tiny models saved to disk, for the server's tests."""
+"""A real `seed-tot serve` process on 127.0.0.1 over tiny models saved to disk, for the server's tests, and
+the fixtures the test_serve*.py files share: `served` (one server per test module: a tiny float32 target
+and draft, seed mode, fixed draft chains), `engine` (an engine over the same saved models in this process,
+for references) and `client` (the official `openai` client). A test module imports the fixtures it uses."""
 from __future__ import annotations
 
 import os
@@ -9,8 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import noisy_copy, save_char_tokenizer, tiny_model
+from seed_tot import Engine, GenerationResult, SamplingParams
 
 # a chat template that marks each role, as instruct models' templates do (the char tokenizer has none)
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -76,3 +81,45 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+PROMPTS = ["The cat", "Once upon a time", "2+2=", "Hello world, this is"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    target, draft = save_models(root)
+    server = ServerProcess(["--target", target, "--draft", draft, "--device", "cpu", "--dtype", "float32",
+                            "--draft-policy", "fixed", "--served-model-name", "tiny", "--max-running", "8",
+                            "--max-waiting", "32"], root / "serve.log")
+    server.target, server.draft = target, draft
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(served):
+    return Engine.from_pretrained(target=served.target, draft=served.draft, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def greedy(engine, prompt, max_tokens: int, stop=()) -> GenerationResult:
+    """The target alone (ar), the prompt alone: what every served greedy answer must equal."""
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=0, stop=stop)
+    return engine.generate([prompt], params, mode="ar")[0]
+
+
+def wait_for(served, condition, timeout_s: float = 60.0) -> dict:
+    """The server's metrics once `condition` holds of them, or at the deadline (the caller asserts)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = served.metrics()
+        if condition(metrics) or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.2)

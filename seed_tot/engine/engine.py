@@ -13,15 +13,18 @@ from .masks import UnsupportedAttention
 from .model_runtime import ModelRuntime
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
                      load_tokenizer, resolve_device, truncated_draft)
-from .decode_spec import ALL_BATCH, AUTO_BATCH, DRAFTING_MODES, DecodeSpec, call_spec
+from .decode_spec import ALL_BATCH, AUTO_BATCH, DecodeSpec, call_spec
 from .call_inputs import encode_prompts, sampling_params, torch_dtype
 from .cpu_linear import ONEDNN, resolve_cpu_linear, use_onednn_linears
 from .params import GenerationResult, SamplingParams
 from .sequence import Sequence, StopRule
 from .cpu_threads import model_work
 from .forward_thread import ForwardThread
-from .shared_prefill import PrefixStore, prefill_prompts, tokens_to_score
-from .target_features import FeatureLog, TargetHidden
+from .shared_prefill import PrefixStore
+from .target_features import TargetHidden
+from .call_checks import check_attention, check_context, needs_draft, runs_draft_model
+from .call_policy import EnginePolicies, policy_name
+from .call_prefill import draft_prefill_tokens, prefill_call, report_lengths
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +64,7 @@ class Engine:
         self.prefix_stores = {role: PrefixStore(prefix_cache_entries, prefix_cache_bytes) for role in ("target", "draft")}
         self._scheduler = None  # the step loop of every call (seed.py), built at the first
         self._scheduler_lock = threading.Lock()
-        self._policies: dict = {}  # named policies built for this engine, by name, shape and options
-        self._policy_lock = threading.Lock()
+        self._policies = EnginePolicies()  # named policies built for this engine (call_policy.py)
         # on a CPU every forward runs on one thread (forward_thread.py says why); on a GPU each role has its own
         device = getattr(target_model, "device", torch.device("cpu"))
         self.forward_thread = (forward_thread or ForwardThread()) if torch.device(device).type == "cpu" else None
@@ -260,15 +262,15 @@ class Engine:
         policy = self._call_policy(spec, params)  # ar, parallel: None
         seqs, _ = self._start(prompts, params, spec.mode, spec.k_config, spec.verify_batch, spec.draft_batch,
                               prefill=False, policy=policy, on_tokens=on_tokens)
-        with_draft = _with_draft(spec.mode, policy)
+        with_draft = runs_draft_model(spec.mode, policy)
         # rows that share a forward: sd and mcsd run one row at a time, so each saves what a row alone does
         load = min([len(seqs)] + [n for n in (spec.n_workers, spec.verify_limit) if n is not None])
         pricing = policy if with_draft and policy.prices_prefill else None
-        if pricing is not None and not pricing.drafts_call(self._draft_prefill_tokens(seqs), len(seqs), params, load):
+        if pricing is not None and not pricing.drafts_call(draft_prefill_tokens(self, seqs), len(seqs), params, load):
             policy, with_draft = None, False  # plain target steps: the draft's prefill would cost more than it saves
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
         if pricing is not None:  # what this call outputs prices the next one of its kind
-            future.add_done_callback(lambda done: _report_lengths(done, pricing, params, seqs))
+            future.add_done_callback(lambda done: report_lengths(done, pricing, params, seqs))
         return seqs, future, start
 
     def resolve_batches(self, mode: str, verify_batch: int | str | None,
@@ -281,7 +283,7 @@ class Engine:
         CPU and more so on a GPU, where a target forward stays memory-bound up to hundreds of tokens,
         and the tokens are identical either way (bench `tot-step` measures both executions;
         docs/benchmarks.md, "Figures behind the code's design choices"). Explicit
-        numbers are kept as given; a batched number on an ALiBi model is refused (`_check_attention`).
+        numbers are kept as given; a batched number on an ALiBi model is refused (`call_checks.check_attention`).
         Returns the scheduler's counts: None is every one ("all")."""
         spec = self._resolved(DecodeSpec(mode=mode, verify_batch=verify_batch, draft_batch=draft_batch))
         return spec.verify_limit, spec.draft_limit
@@ -342,15 +344,15 @@ class Engine:
         """The call's sequences (prefilled unless prefill=False). `policy`: the call's DraftPolicy; one
         that never feeds the draft model (prompt lookup) gets no draft caches and no draft checks."""
         k_config = tuple(k_config)
-        with_draft = _with_draft(mode, policy)
+        with_draft = runs_draft_model(mode, policy)
         if with_draft and self.draft is None:
-            raise _needs_draft(mode)
+            raise needs_draft(mode)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         encoded = self.encode(prompts)
         single = len(encoded) == 1
-        self._check_attention(mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch, with_draft)
-        self._check_context(encoded, params, with_draft)
+        check_attention(self, mode, k_config, 1 if single else verify_batch, 1 if single else draft_batch, with_draft)
+        check_context(self, encoded, params, with_draft)
         rule = StopRule(params, self.eos_ids, self.tokenizer)
         seqs = [Sequence(i, ids, rule, torch.Generator().manual_seed(params.seed + i), on_tokens=on_tokens)
                 for i, ids in enumerate(encoded)]
@@ -358,157 +360,27 @@ class Engine:
             self._prefill_shared(seqs, with_draft=with_draft)
         return seqs, k_config
 
-    def _check_attention(self, mode: str, k_config: tuple[int, ...], verify_batch: int | str | None,
-                         draft_batch: int | str | None = 1, with_draft: bool = True) -> None:
-        """Refuse, before any forward, a setting whose 4D masks a model cannot take exactly."""
-        tree = mode in ("mcsd", "seed") and any(k > 1 for k in k_config)
-        if tree:
-            what = f"mode {mode} with the tree k_config {','.join(map(str, k_config))}"
-            self.target_runtime.layout.check_tree_masks(what)
-            if with_draft:
-                self.draft_runtime.layout.check_tree_masks(what)
-        if mode == "seed" and verify_batch != 1:
-            self.target_runtime.layout.check_tree_masks(f"seed with verify_batch={verify_batch}")
-        if mode == "seed" and draft_batch != 1 and with_draft:
-            self.draft_runtime.layout.check_tree_masks(f"seed with draft_batch={draft_batch}")
-
-    def _check_context(self, encoded: list[list[int]], params: SamplingParams, with_draft: bool) -> None:
-        """Models with learned absolute positions (GPT-2, OPT) cannot go past their table: say so up front.
-        Rotary models keep going past max_position_embeddings, as they do in transformers' generate."""
-        longest = max(len(ids) for ids in encoded) + params.max_new_tokens
-        runtimes = [(self.target_runtime, self.target_name)]
-        if with_draft:
-            runtimes.append((self.draft_runtime, self.draft_name))
-        for runtime, name in runtimes:
-            limit = runtime.layout.max_positions
-            if limit is not None and longest > limit:
-                raise ValueError(f"{name} has learned position embeddings for {limit} positions, but the longest "
-                                 f"prompt ({longest - params.max_new_tokens} tokens) + max_new_tokens "
-                                 f"({params.max_new_tokens}) needs {longest}: shorten the prompt or lower max_new_tokens")
-
     def clear_prefix_cache(self, keep: bool = True) -> None:
         """Forget the prompt stretches kept from earlier calls (a benchmark run starts cold with it);
         keep=False also stops keeping new ones until the next clear_prefix_cache() (bench's @pc0)."""
         for store in self.prefix_stores.values():
             store.clear()
             store.max_entries = self.prefix_cache_entries if keep else 0
-        for policy in list(self._policies.values()):  # and the text drafts read (a run starts as a fresh engine)
-            policy.clear_text()
-
-    def _draft_prefill_tokens(self, seqs: list[Sequence]) -> int:
-        """The prompt tokens `_prefill_shared` would score through the draft for these sequences."""
-        store = self.prefix_stores["draft"] if self.target_hidden is None else None  # as _prefill_shared reads it
-        return tokens_to_score(self.draft_runtime, [seq.prompt for seq in seqs], store)
+        self._policies.clear_text()  # and the text drafts read (a run starts as a fresh engine)
 
     def _prefill_shared(self, seqs: list[Sequence], with_draft: bool) -> list[dict]:
-        """Prefill each model once per shared stretch of the prompts (shared_prefill.py): copies of a
-        prompt share its whole prefix KV, prompts with a long common beginning share that, and a
-        beginning scored by an earlier call is forked from the model's PrefixStore. Returns when each
-        model scored them ({"model", "start", "end"}, time.perf_counter()): the scheduler puts them in
-        the call's timeline, so a trace draws prompt scoring with its real duration."""
-        prompts = [seq.prompt for seq in seqs]
-        reads_features = with_draft and self.target_hidden is not None
-        marks = [{"model": "target", "start": time.perf_counter()}]
-        if reads_features:  # the drafter's prefill reads the target's hidden states of the prompt
-            caches, costs, hidden = prefill_prompts(self.target_runtime, prompts, hidden=self.target_hidden)
-        else:
-            caches, costs = prefill_prompts(self.target_runtime, prompts, store=self.prefix_stores["target"])
-        marks[-1]["end"] = time.perf_counter()
-        for seq, kv, cost in zip(seqs, caches, costs):
-            seq.target = kv
-            seq.stats.target_busy_s += cost.busy_s
-            seq.stats.target_prefill_s += cost.busy_s
-            seq.stats.target_prefills += cost.forwards
-            seq.stats.target_prefill_tokens += cost.tokens
-        features = None
-        if reads_features:
-            features = []
-            for seq, prompt_hidden in zip(seqs, hidden):
-                seq.features = FeatureLog(self.draft.feature_size)
-                if prompt_hidden is not None:
-                    seq.features.put(0, prompt_hidden)
-                features.append(seq.features.slots(0, len(seq.prompt) - 1))
-                seq.features.drop_before(len(seq.prompt) - 2)  # the first round's pending token reads f_{P-2}
-        if with_draft:
-            marks.append({"model": "draft", "start": time.perf_counter()})
-            caches, costs = prefill_prompts(self.draft_runtime, prompts, features=features,
-                                            store=self.prefix_stores["draft"])
-            marks[-1]["end"] = time.perf_counter()
-            for seq, kv, cost in zip(seqs, caches, costs):
-                seq.draft = kv
-                seq.stats.draft_prefills += cost.forwards
-                seq.stats.draft_prefill_s += cost.busy_s
-        else:
-            for seq in seqs:
-                seq.draft = None
-        return marks
+        """The call's prompts scored by each model it runs, timed for its timeline (call_prefill.py)."""
+        return prefill_call(self, seqs, with_draft)
 
     def policy_name(self, draft_policy: str | None = None, mode: str = "seed", k_config: tuple[int, ...] = (1,)) -> str:
-        """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else
-        policies.default_policy_name's for the mode, k_config and target device (seed on a CPU: auto)."""
-        from .policies import default_policy_name
-        default = draft_policy or self.default_policy or getattr(self.draft, "default_policy", None)
-        return default or default_policy_name(mode, k_config, self.target.device.type)
+        """The policy a drafting call runs (call_policy.policy_name)."""
+        return policy_name(self, draft_policy, mode, k_config)
 
     def policy(self, mode: str, k_config: tuple[int, ...], params: SamplingParams, draft_policy=None,
                policy_options: dict | None = None):
         """The DraftPolicy of a call: an object as given, a name built once per engine and options
         (it keeps its calibration, head and records across calls), None for ar and parallel."""
-        from .policies import DraftPolicy
-        if isinstance(draft_policy, DraftPolicy):  # DecodeSpec refuses policy_options beside one
-            self._check_feature_policy(draft_policy.name)
-            if mode in DRAFTING_MODES:
-                self._check_tree_policy(draft_policy.name, draft_policy.drafts_trees, draft_policy.uses_draft_model)
-            return draft_policy
-        if mode not in DRAFTING_MODES:
-            if draft_policy not in (None, "fixed") or policy_options:
-                raise ValueError(f"mode {mode!r} drafts nothing: it takes no draft policy")
-            return None
-        shape = (1,) * len(k_config) if mode == "sd" else k_config
-        name = self.policy_name(draft_policy, mode, k_config)
-        if self.draft is None and name not in MODEL_FREE_POLICIES:
-            raise _needs_draft(mode)
-        self._check_feature_policy(name)
-        key = (name, shape, params.greedy, tuple(sorted((policy_options or {}).items())))
-        policy = self._policies.get(key)
-        if policy is None:
-            # built on the forward thread, as every forward here (forward_thread.py): building may calibrate, which on the
-            # caller's thread would time beside the step loop and leave that thread an OpenMP team (slowing it for good)
-            policy = self.on_forward_thread(self._build_policy, key, name, policy_options, shape, params)
-        return policy
-
-    def _build_policy(self, key: tuple, name: str, policy_options: dict | None, shape: tuple[int, ...],
-                      params: SamplingParams):
-        """The named policy of `key`, built once (the first of two threads' calls builds it, the other reads it)."""
-        from .policies import make_policy, may_draft_trees
-        with self._policy_lock:  # held on one thread only (the forward thread where there is one): never across a wait
-            if key not in self._policies:  # checked before it is built: building may calibrate, which runs forwards
-                # every named policy that may draft trees feeds them to the draft model too
-                self._check_tree_policy(name, may_draft_trees(name, policy_options, self, shape), True)
-                self._policies[key] = make_policy(name, policy_options, self, shape, params)
-            return self._policies[key]
-
-    def _check_tree_policy(self, name: str, drafts_trees: bool, uses_draft_model: bool) -> None:
-        """Refuse, before any forward, a policy whose rounds may draft trees on a model that cannot
-        score them exactly (ALiBi): its first tree would fail mid-call, after prefill, and in seed mode
-        inside a worker. k_config's trees are checked in `_check_attention`."""
-        if not drafts_trees:
-            return
-        what = f"draft policy {name!r}, whose rounds may draft trees,"
-        try:
-            self.target_runtime.layout.check_tree_masks(what)
-            if uses_draft_model and self.draft is not None:
-                self.draft_runtime.layout.check_tree_masks(what)
-        except UnsupportedAttention as err:
-            raise UnsupportedAttention(f"{str(err).rstrip('.')}. Policies that draft chains are exact for it too: fixed with a "
-                                       f"chain k_config, auto, specdec, lookup, opt-tree with n=1, parallelspec "
-                                       f"with a chain k_config and passes=1, lookup=0") from None
-
-    def _check_feature_policy(self, name: str) -> None:
-        if self.target_hidden is not None and name not in ("parallelspec", "choose", *MODEL_FREE_POLICIES):
-            raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
-                             f"the target's hidden states, which drafted tokens do not have: use the "
-                             f"'parallelspec' policy (the default for it)")
+        return self._policies.get(self, mode, k_config, params, draft_policy, policy_options)
 
     @staticmethod
     def _finish(seqs: list[Sequence], start: float) -> list[GenerationResult]:
@@ -518,23 +390,3 @@ class Engine:
             seq.stats.kv_copy_s = sum(kv.copy_s for kv in (seq.target, seq.draft) if kv is not None)
         return [seq.result() for seq in seqs]
 
-
-def _report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence]) -> None:
-    """A priced call's output lengths to its policy, once it has finished (not when failed or cancelled)."""
-    if not future.cancelled() and future.exception() is None:
-        policy.call_finished(params, [len(seq.generated) for seq in seqs])
-
-
-# the named policies that never run a draft model: an engine without one serves them
-MODEL_FREE_POLICIES = ("lookup", "suffix")
-
-
-def _with_draft(mode: str, policy) -> bool:
-    """Whether a call runs the draft model: a drafting mode whose policy feeds it (policy None there:
-    a caller that has not built one yet, which drafts with the model)."""
-    return mode in DRAFTING_MODES and (policy is None or policy.uses_draft_model)
-
-
-def _needs_draft(mode: str) -> ValueError:
-    return ValueError(f"mode {mode!r} needs a draft model (or draft_policy='lookup', which drafts by prompt "
-                      f"lookup without one)")
