@@ -158,6 +158,10 @@ class SeedScheduler:
         self._streams.before_verify()  # nothing launched on the old draft stream is left unordered
         self._overlap = bool(on)
         draft = getattr(self.engine, "draft", None)
+        # a drafter that reads the target's hidden states reads what the target's stream writes in the
+        # same step (target_features.py): it keeps one stream, the schedule alone
+        if getattr(self.engine, "target_hidden", None) is not None:
+            draft = None
         self._streams = step_streams(_device(getattr(self.engine, "target", None)),
                                      None if draft is None else _device(draft), self._overlap)
 
