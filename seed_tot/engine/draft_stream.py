@@ -27,13 +27,10 @@ itself (seed.py) runs and is tested there.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import Iterator
 
 import torch
-
-log = logging.getLogger(__name__)
 
 ENV = "SEED_TOT_OVERLAP_DRAFTING"  # "1" / "0": the default where the engine names none
 _VALUES = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
