@@ -21,6 +21,9 @@
 # space separated, default "thoughts tot-step tot-gsm8k"), MODES (the modes of the first two), and TRACE=1 (each
 # step also writes the Fig.-4 trace, GPU utilization per mode, under $OUT/trace-STEP; it needs
 # nvidia-ml-py and matplotlib).
+# SEED_TOT_OVERLAP_DRAFTING=0 runs the step loop's drafting and verification in turn instead of overlapped
+# on two streams (the default on CUDA, seed_tot/engine/draft_stream.py); each bench's header line and every
+# rows.jsonl row say which ran (overlap_drafting).
 set -uo pipefail
 smoke=0
 case "${1:-}" in

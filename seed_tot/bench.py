@@ -248,7 +248,8 @@ class RowStream:
         click.echo("\n".join(table[:3]))  # header, rule, this mode's line (footnotes come with the final table)
         if self.jsonl_file:
             line = {k: self.header[k] for k in ("kind", "workload", "target", "draft", "temperature", "repeats")}
-            line.update(device=self.header["environment"]["device_name"], round=index, **row)
+            line.update(device=self.header["environment"]["device_name"], round=index,
+                        overlap_drafting=self.header["environment"].get("overlap_drafting"), **row)
             with Path(self.jsonl_file).open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line) + "\n")
         if self.json_file:
@@ -320,11 +321,18 @@ def _environment(engine, dtype_name: str) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
     threads = engine.threads_report() if hasattr(engine, "threads_report") else None
     return {"device": str(device), "device_name": name, "dtype": dtype_name, "torch": torch.__version__,
-            "cpu_threads": threads,
+            "cpu_threads": threads, "overlap_drafting": overlap_drafting(engine),
             "transformers": transformers.__version__, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "peak_memory": "torch.cuda.max_memory_allocated per mode" if device.type == "cuda"
             else "peak RSS of the whole process (a high-water mark: it never goes down between modes)"}
+
+
+def overlap_drafting(engine) -> bool | None:
+    """Whether the engine's step loop overlaps drafting with verification (seed.py's two schedules;
+    None: an engine without that loop, e.g. a pipeline's)."""
+    scheduler = getattr(engine, "scheduler", None)
+    return getattr(scheduler, "overlap", None)
 
 
 def format_table(rows: list[dict], greedy: bool, tot: bool, synthetic: dict | None, dtype: str = "float32") -> str:
@@ -475,8 +483,10 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     env, title = header["environment"], header["title"]
     click.echo(title)
     threads = f" | threads {engine.forward_thread.threads.describe()}" if getattr(engine, "forward_thread", None) else ""
+    overlap = {True: " | drafting overlaps verification", False: " | drafting and verification in turn"}.get(
+        env.get("overlap_drafting"), "")
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
-               f"torch {env['torch']} | {env['date']}{threads}")
+               f"torch {env['torch']} | {env['date']}{threads}{overlap}")
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if (note := few_repeats_warning(repeats)) is not None:
         click.echo(note, err=True)

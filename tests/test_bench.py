@@ -60,6 +60,8 @@ def test_synthetic_runs_say_so_with_preset_and_alpha(thoughts_run):
     assert data["synthetic"]["preset"] == "tiny" and data["synthetic"]["alpha"] == 0.7
     env = data["environment"]
     assert env["torch"] == torch.__version__ and env["date"] and env["device_name"]
+    # whether drafting overlapped verification (draft_stream.py): off by default on the CPU, and said so
+    assert env["overlap_drafting"] is False and "drafting and verification in turn" in stdout
 
 
 def test_greedy_check_reports_every_mode_reproduces_ar(thoughts_run):

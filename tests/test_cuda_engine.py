@@ -104,3 +104,30 @@ def test_on_cuda_a_greedy_row_picks_among_tied_logits_what_it_picks_alone(cuda_p
     together = [tree for tree, _ in speculative.draft_rows(runtime, _rows(k_configs), vocab)]
     alone = [speculative.draft_rows(runtime, [row], vocab)[0][0] for row in _rows(k_configs)]
     assert [(t.tokens, t.parents) for t in together] == [(t.tokens, t.parents) for t in alone]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_on_cuda_both_schedules_give_the_targets_greedy_tokens_and_drafts_run_on_their_stream(cuda_pair, overlap,
+                                                                                              monkeypatch):
+    """Overlapped (the CUDA default), the draft rounds run on the draft stream (draft_stream.py) and the
+    tokens are the target's own; in turn, on the target's stream, the same tokens."""
+    from seed_tot.engine import seed as seed_module
+
+    target, draft, prompts, refs = cuda_pair
+    engine = Engine(target, draft)
+    assert engine.scheduler.overlap  # the default on CUDA
+    engine.scheduler.overlap = overlap
+    streams = []
+    real = seed_module.draft_rows
+
+    def draft_rows(*args, **kwargs):
+        streams.append(torch.cuda.current_stream(target.device))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(seed_module, "draft_rows", draft_rows)
+    for k_config in [(1, 1, 1), (2, 2, 1)]:
+        results = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0), mode="seed",
+                                  k_config=k_config, draft_policy="fixed")
+        assert [r.token_ids for r in results] == refs
+    default = torch.cuda.default_stream(target.device)
+    assert streams and all((stream != default) == overlap for stream in streams)

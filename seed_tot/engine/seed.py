@@ -21,14 +21,29 @@ Every mode is a setting of this loop, a batch of one being a batch:
               verification per forward
 A policy that drafts without the draft model (`lookup`) drafts inline when its row becomes ready.
 
+Two schedules of a step (`SeedScheduler.overlap`):
+    in turn      draft every ready row, then verify every queued job, this step's drafts included:
+                 the target waits for the draft model's round (the default on the CPU)
+    overlapped   launch the verification of the jobs queued before this step, then draft the ready
+                 rows, then read the decisions back: the rows split into two halves, one verified while
+                 the other drafts, and the target verifies back to back (SEED's rounds; the default
+                 on CUDA, where the draft model's forwards run on a stream of their own:
+                 draft_stream.py). A step that finds nothing queued drafts, then verifies the first half
+                 of its drafts and keeps the rest queued for the next step, which is how the halves form.
+Both read the device once per verification; per row the order of draws (draft, then verify) and so
+every row's output is the same in both.
+
 Why one thread and no event loop in between: each step would otherwise cross threads twice (a
 forward thread hands its results to an event loop, which wakes the workers, which queue the next
 forward), and that hand-off is host time paid on every step while the device waits. Here steps follow
 each other on the thread while nothing else waits for it; when something does, the next step queues
 behind it (`ForwardThread.defer`), so other work still takes its turn. On a CPU the thread is the engine's forward thread (forward_thread.py says why
-one thread must run every forward there). On a GPU it is a thread of the scheduler's own; drafting
-and verification take turns on it: an eager forward there is bound by the host's launches, which
-one Python thread issues one at a time whatever the streams, so it is the host that must be kept busy.
+one thread must run every forward there). On a GPU it is a thread of the scheduler's own, which
+issues both models' launches one at a time: an eager forward there is bound by the host's launches,
+so one thread gains nothing from more of them. What the overlapped schedule adds is order, not
+threads: the target's verification is launched before the draft round and read back after it, the
+draft's forwards on a stream of their own, so the device runs both at once; with CUDA graphs each is
+one replay, and the host's cost of a step is the two replays and the one read.
 """
 from __future__ import annotations
 
@@ -43,6 +58,7 @@ from typing import Callable
 
 from . import row_attention
 from .decode_spec import DecodeSpec
+from .draft_stream import NoStreams, overlap_default, step_streams
 from .draft_tree import DraftTree
 from .forward_thread import EngineStopped, ForwardThread
 from .policies import DraftPolicy, FixedPolicy
@@ -116,7 +132,7 @@ class VerifyQueue:
 class SeedScheduler:
     """An engine's step loop. `submit` is thread-safe; everything else runs on the step thread."""
 
-    def __init__(self, engine, executor: ForwardThread | None = None):
+    def __init__(self, engine, executor: ForwardThread | None = None, overlap: bool | None = None):
         self.engine = engine
         self._executor = executor or engine.forward_thread or ForwardThread("seed-step", cpu=False)
         self._lock = threading.Lock()
@@ -128,6 +144,26 @@ class SeedScheduler:
         self._in_step = False
         self._held: list = []  # model runtimes whose config names row attention while this loop has calls
         self._empty_tree = DraftTree.empty(engine.vocab_size)  # every plain step's draft (never changed)
+        self._streams: NoStreams = NoStreams()
+        self.overlap = overlap_default(_device(getattr(engine, "target", None)), overlap)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether a step verifies the jobs queued before it while the ready rows draft (the module doc)."""
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, on: bool) -> None:
+        """Set between steps (a call in flight goes on in the other schedule from its next step)."""
+        self._streams.before_verify()  # nothing launched on the old draft stream is left unordered
+        self._overlap = bool(on)
+        draft = getattr(self.engine, "draft", None)
+        # a drafter that reads the target's hidden states reads what the target's stream writes in the
+        # same step (target_features.py): it keeps one stream, the schedule alone
+        if getattr(self.engine, "target_hidden", None) is not None:
+            draft = None
+        self._streams = step_streams(_device(getattr(self.engine, "target", None)),
+                                     None if draft is None else _device(draft), self._overlap)
 
     @property
     def active_calls(self) -> int:
@@ -219,8 +255,12 @@ class SeedScheduler:
         self._in_step = True
         try:
             self._admit()
-            self._draft_phase()
-            self._verify_phase()
+            self._streams.begin_step()
+            if self._overlap:
+                self._overlapped_round()
+            else:
+                self._draft_phase()
+                self._verify_phase(len(self._queue))
             live = [c for c in self._calls if not c.over]
             if len(live) < len(self._calls):
                 self._drop_rows_of_ended_calls()
@@ -243,6 +283,8 @@ class SeedScheduler:
     def _admit(self) -> None:
         with self._lock:
             new, self._incoming = self._incoming, []
+        if new:
+            self._streams.before_admit()
         for call in new:
             if call.over:  # cancelled before it started
                 continue
@@ -320,17 +362,37 @@ class SeedScheduler:
             if not batch:
                 continue
             starts = [call.now() for _, call in batch]
-            outcomes = _draft_isolated(self.engine.draft_runtime, batch, self.engine.vocab_size)
+            with self._streams.drafting():
+                outcomes = _draft_isolated(self.engine.draft_runtime, batch, self.engine.vocab_size)
             for (seq, call), start, outcome in zip(batch, starts, outcomes):
                 if isinstance(outcome, Exception):  # confined to this row's call, which raises it naming the row
                     self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {outcome!r}"), outcome)
                     continue
                 self._push(seq, call, *outcome, start)
 
-    def _verify_phase(self) -> None:
-        """The jobs queued so far, one target forward per head's verify_batch; rows requeued meanwhile
-        (plain target steps) wait for the next step, after its drafts."""
-        remaining = len(self._queue)
+    def _overlapped_round(self) -> None:
+        """The overlapped schedule's step (the module doc): the target's work is launched before the
+        draft round, and the decisions are read back after it."""
+        queued = len(self._queue)
+        if not queued:  # nothing drafted earlier waits: this step's drafts are the target's work
+            self._draft_phase()
+            fresh = len(self._queue)
+            self._verify_phase(fresh - fresh // 2)  # the rest verifies next step, beside the first half's drafts
+            return
+        launched = self._launch_verifications(queued)
+        self._draft_phase()
+        self._finish_verifications(launched)
+
+    def _verify_phase(self, count: int) -> None:
+        """The first `count` queued jobs, one target forward per head's verify_batch; rows requeued
+        meanwhile (plain target steps) wait for the next step."""
+        self._finish_verifications(self._launch_verifications(count))
+
+    def _launch_verifications(self, count: int) -> list[tuple[list[VerifyJob], dict[int, float], object]]:
+        """Pop `count` queued jobs and launch their target forwards, reading nothing back: per forward
+        its jobs, their calls' start times and score_rows' result (or the exception it raised)."""
+        launched = []
+        remaining = count
         while remaining:
             jobs = self._queue.pop(remaining)
             remaining -= len(jobs)
@@ -341,7 +403,14 @@ class SeedScheduler:
             starts = {id(c): c.now() for c in calls}
             for c in calls:
                 c.events.append({"type": "queue", "t": starts[id(c)], "queue_len": len(self._queue)})
-            outcomes = _verify_isolated(self.engine.target_runtime, jobs, self.engine.vocab_size)
+            self._streams.before_verify()
+            launched.append((jobs, starts, _score_isolated(self.engine.target_runtime, jobs)))
+        return launched
+
+    def _finish_verifications(self, launched: list[tuple[list[VerifyJob], dict[int, float], object]]) -> None:
+        """Decide, commit and observe each launched forward's jobs (one host read per forward)."""
+        for jobs, starts, scored in launched:
+            outcomes = _accept_isolated(self.engine.target_runtime, jobs, scored, self.engine.vocab_size)
             for job, outcome in zip(jobs, outcomes):
                 call = job.call
                 if isinstance(outcome, Exception):  # confined to this job's call
@@ -416,17 +485,31 @@ def _draft_isolated(runtime, batch: list[tuple[Sequence, _Call]], vocab_size: in
         return outcomes
 
 
+def _device(model) -> str:
+    return str(getattr(model, "device", "cpu"))
+
+
 def _verify_isolated(runtime, jobs: list[VerifyJob], vocab_size: int) -> list:
     """Verify the jobs in one target forward; a failure ends only the sequences it belongs to.
-    If the shared forward fails (nothing is committed then), each job is retried alone, so one bad
-    row cannot take down other callers' rows. Returns an Acceptance or the exception, per job."""
-    rows = [(j.seq, j.tree, j.node_entry) for j in jobs]
+    Returns an Acceptance or the exception, per job."""
+    return _accept_isolated(runtime, jobs, _score_isolated(runtime, jobs), vocab_size)
+
+
+def _score_isolated(runtime, jobs: list[VerifyJob]):
+    """The jobs' target forward (score_rows), or the exception it raised (nothing is committed then)."""
     try:
-        scored = score_rows(runtime, rows)
+        return score_rows(runtime, [(j.seq, j.tree, j.node_entry) for j in jobs])
     except Exception as err:
+        return err
+
+
+def _accept_isolated(runtime, jobs: list[VerifyJob], scored, vocab_size: int) -> list:
+    """Accept the jobs from their forward's `scored` rows. If the shared forward failed, each job is
+    retried alone, so one bad row cannot take down other callers' rows."""
+    if isinstance(scored, Exception):
         if len(jobs) == 1:
-            return [err]
-        log.warning("a batched verification of %d sequences failed (%r); verifying them one by one", len(jobs), err)
+            return [scored]
+        log.warning("a batched verification of %d sequences failed (%r); verifying them one by one", len(jobs), scored)
         return [outcome for job in jobs for outcome in _verify_isolated(runtime, [job], vocab_size)]
     # every row decided at once (one transfer of the decisions), each row's failure its own
-    return accept_rows(rows, scored, vocab_size)
+    return accept_rows([(j.seq, j.tree, j.node_entry) for j in jobs], scored, vocab_size)
