@@ -102,15 +102,17 @@ class ReplayTable(nn.Module):
         super().__init__()
         table: dict[int, int] = {}
         conflicts = 0
+        self.exact: list[bool] = []  # per recorded row: does the table replay it without a drift?
         for prompt, output in recording.streams():
-            ids = prompt + output
+            ids, exact = prompt + output, True
             for n in range(len(prompt) - 1, len(ids) - 1):  # the predictions a row's greedy decode reads
                 key, nxt = ids[n] * _POSITIONS + n, ids[n + 1]
                 if table.setdefault(key, nxt) != nxt:
-                    conflicts += 1  # the earlier stream keeps the entry
+                    conflicts, exact = conflicts + 1, False  # the earlier stream keeps the entry
+            self.exact.append(exact)
         keys = sorted(table)
-        log.info("replay table: %d entries from %s (%d later disagreements kept the earlier token)",
-                 len(keys), recording.path.name, conflicts)
+        log.info("replay table: %d entries from %s; %d of %d rows replay exactly (%d later disagreements kept "
+                 "the earlier token)", len(keys), recording.path.name, sum(self.exact), len(self.exact), conflicts)
         self.register_buffer("keys", torch.tensor(keys, dtype=torch.long, device=device), persistent=False)
         self.register_buffer("values", torch.tensor([table[k] for k in keys], dtype=torch.long, device=device),
                              persistent=False)
