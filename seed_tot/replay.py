@@ -83,8 +83,8 @@ def load_recording(path: str | Path = DEFAULT_RECORDING) -> Recording:
         raise ReplayError(f"{path}: line 1 must be the header with format {FORMAT!r}, got {header.get('format')!r}")
     vocab = int(header.get("vocab_size", 0))
     for number, call in enumerate(records[1:], start=2):
-        rows = call.get("rows")
-        if not isinstance(rows, list) or not all(isinstance(r, dict) and {"prompt", "output"} <= r.keys() for r in rows):
+        rows = call.get("rows") if isinstance(call, dict) else None
+        if not isinstance(rows, list) or not all(_is_row(r) for r in rows):
             raise ReplayError(f"{path}: line {number}: 'rows' must be a list of {{prompt, output}} token lists")
         for row in rows:
             ids = row["prompt"] + row["output"]
@@ -92,6 +92,10 @@ def load_recording(path: str | Path = DEFAULT_RECORDING) -> Recording:
                 raise ReplayError(f"{path}: line {number}: a row has an empty prompt or a token outside "
                                   f"[0, {vocab}) (the header's vocab_size)")
     return Recording(path, header, records[1:])
+
+
+def _is_row(row) -> bool:
+    return isinstance(row, dict) and all(isinstance(row.get(k), list) for k in ("prompt", "output"))
 
 
 class ReplayTable(nn.Module):
@@ -149,11 +153,13 @@ def load_tokenizer(recording: Recording):
 
     path = recording.path.parent / recording.header["tokenizer"]
     if not path.is_file():
-        raise ReplayError(f"{recording.path}: its tokenizer {path} is missing (benchmarks/record_replay.py writes both)")
+        raise ReplayError(f"{recording.path}: its tokenizer {path} is missing "
+                          f"(benchmarks/record_replay.py writes both)")
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=io.BytesIO(path.read_bytes()), mode="r:xz") as tar:
             tar.extractall(tmp, filter="data")
         tokenizer = AutoTokenizer.from_pretrained(tmp)
     if len(tokenizer) > recording.vocab_size:
-        raise ReplayError(f"{path}: {len(tokenizer)} tokens, more than the recording's vocab_size {recording.vocab_size}")
+        raise ReplayError(f"{path}: {len(tokenizer)} tokens, more than the recording's vocab_size "
+                          f"{recording.vocab_size}")
     return tokenizer

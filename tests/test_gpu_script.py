@@ -34,7 +34,8 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
         for label in labels:
             assert f"{_workload(step)}: {label} after run 1 of 1" in proc.stdout  # printed as soon as it ran
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert [(r["workload"], r["label"]) for r in rows] == [(_workload(s), m) for s, labels in STEPS.items() for m in labels]
+    expected = [(_workload(step), label) for step, labels in STEPS.items() for label in labels]
+    assert [(r["workload"], r["label"]) for r in rows] == expected
     # greedy: every mode reproduces the reference's tokens (thoughts, tot-step) or predictions (tot-gsm8k)
     assert all(r["matches_ar"] for r in rows), [(r["workload"], r["label"]) for r in rows if not r["matches_ar"]]
     for step in STEPS:  # each step's whole JSON document too, not only the streamed rows

@@ -85,7 +85,8 @@ def test_text_drafts_accept_replayed_text_and_find_nothing_in_hash_text(replay_e
 def test_greedy_output_under_replay_equals_the_target_alone(replay_engine, recording, policy):
     """seed with the draft model, prompt lookup, the suffix source and the choice: ar's tokens, on
     recorded prompts and on one the recording never saw (the oracle's fallbacks)."""
-    prompts = [r["prompt"] for r in recording.calls[0]["rows"][::3]] + [r["prompt"] for r in recording.calls[-2]["rows"]]
+    prompts = [r["prompt"] for r in recording.calls[0]["rows"][::3]]  # tot-step's 3 thought prompts
+    prompts += [r["prompt"] for r in recording.calls[-2]["rows"]]  # the last problem's last value call
     prompts.append(replay_engine.encode(["A prompt the recording never saw: 17 + 25 ="])[0])
     params = SamplingParams(max_new_tokens=40, temperature=0.0, search_key="replay-test", phase="thought")
     reference = [r.token_ids for r in replay_engine.generate(prompts, params, mode="ar")]
@@ -109,6 +110,6 @@ def test_a_bad_recording_is_refused_with_its_file_and_line(tmp_path):
     write(header, {"rows": [{"prompt": [1], "output": [2]}]}, {"rows": [{"prompt": [1], "output": [10]}]})
     with pytest.raises(ReplayError, match=r"bad.jsonl.gz: line 3: .*outside \[0, 10\)"):
         load_recording(path)
-    write(header, {"rows": "no"})
+    write(header, {"rows": [{"prompt": "1 2", "output": [2]}]})
     with pytest.raises(ReplayError, match="line 2: 'rows' must be a list"):
         load_recording(path)
