@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Issue 40's headline GPU table in one device call (at most ~6 minutes on an H100, model builds included):
+# Issue 40's headline GPU table in one device call (at most 9 minutes on an H100, model builds included):
 #   1. `thoughts` and `tot-step` at alpha 0.4 with ar, parallel, seed, sd, seed@db1@vb1;
-#   2. tot-gsm8k --limit 8 at concurrency 1 and 4 with parallel and seed.
+#   2. tot-gsm8k --limit 8 at concurrency 1 and 4 with parallel and seed;
+#   3. replay-tot-step and replay-tot-gsm8k: the same workloads on the replay-* preset, whose target
+#      replays a real SmolLM2-135M run's text (seed_tot/replay.py), with parallel, seed (the draft model),
+#      seed+suffix and seed+choose: the text drafts see real text. The recording fixes their problems
+#      (tests/fixtures/gsm8k_small.jsonl) and 64 new tokens per call.
 # Synthetic models of Llama-2-7B / Llama-160M shapes (random weights, real forwards, an acceptance
 # oracle; seed_tot/synthetic.py), so nothing is downloaded. GSM8K problems come from
 # $GSM8K_DATA, else shared/data/gsm8k/test.jsonl (in or beside the checkout), else the 3-problem
@@ -18,7 +22,7 @@
 #     bash benchmarks/gpu.sh --smoke    # the same steps on the tiny preset on the CPU (CI runs it)
 # Settings can be changed without editing: ALPHA, TOKENS, TOT_TOKENS, REPEATS, WARMUP, PRESET, DEVICE, PYTHON,
 # CAP_S (one time cap in seconds for every step, in place of the defaults below), STEPS (the steps to run,
-# space separated, default "thoughts tot-step tot-gsm8k"), MODES (the modes of the first two), and TRACE=1 (each
+# space separated, default "thoughts tot-step tot-gsm8k replay-tot-step replay-tot-gsm8k"), MODES (the modes of the first two), and TRACE=1 (each
 # step also writes the Fig.-4 trace, GPU utilization per mode, under $OUT/trace-STEP; it needs
 # nvidia-ml-py and matplotlib).
 # SEED_TOT_OVERLAP_DRAFTING=0 runs the step loop's drafting and verification in turn instead of overlapped
@@ -45,15 +49,17 @@ ln -s "$root/configs" "$pkg/seed_tot/configs"
 export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if [ "$smoke" = 1 ]; then
-  # tiny models on the CPU: the same steps, each mode's row printed; the caps keep it under 3 minutes
+  # tiny models on the CPU: the same steps, each mode's row printed; the caps bound it at 5.5 minutes
+  # (about 1.5 in practice on 2 cores)
   preset="${PRESET:-tiny}" device="${DEVICE:-cpu}" tokens="${TOKENS:-4}" tot_tokens="${TOT_TOKENS:-4}"
-  repeats="${REPEATS:-1}" warmup="${WARMUP:-0}" caps=(50 50 70)
+  repeats="${REPEATS:-1}" warmup="${WARMUP:-0}" caps=(50 50 70) replay_caps=(60 90) replay_limit=1
   data="${GSM8K_DATA:-$root/tests/fixtures/gsm8k_small.jsonl}"
 else
   # Sized for one device call: 16 new tokens per sequence (the issue's first GPU table used 16),
-  # one warm-up and one timed run per mode; the caps (seconds per step) add up to 6 minutes.
+  # one warm-up and one timed run per mode; the caps (seconds per step) add up to 9 minutes
+  # (6 for the first three steps, 3 for the replayed two).
   preset="${PRESET:-llama2-7b+llama-160m}" device="${DEVICE:-cuda}" tokens="${TOKENS:-16}" tot_tokens="${TOT_TOKENS:-16}"
-  repeats="${REPEATS:-1}" warmup="${WARMUP:-1}" caps=(90 150 120)
+  repeats="${REPEATS:-1}" warmup="${WARMUP:-1}" caps=(90 150 120) replay_caps=(60 120) replay_limit=3
   data="${GSM8K_DATA:-}"
   for candidate in "$root/shared/data/gsm8k/test.jsonl" "$root/../shared/data/gsm8k/test.jsonl" \
                    "$root/tests/fixtures/gsm8k_small.jsonl"; do
@@ -63,11 +69,11 @@ else
     | tee "$out/gpu.txt"
 fi
 
-[ -z "${CAP_S:-}" ] || caps=("$CAP_S" "$CAP_S" "$CAP_S")
+[ -z "${CAP_S:-}" ] || caps=("$CAP_S" "$CAP_S" "$CAP_S") replay_caps=("$CAP_S" "$CAP_S")
 # a fresh start: rows.jsonl is appended to, and a solve refuses a directory that holds results
-rm -rf "$out/rows.jsonl" "$out/tot-gsm8k-runs"
+rm -rf "$out/rows.jsonl" "$out/tot-gsm8k-runs" "$out/replay-tot-gsm8k-runs"
 failed=0
-steps=" ${STEPS:-thoughts tot-step tot-gsm8k} "
+steps=" ${STEPS:-thoughts tot-step tot-gsm8k replay-tot-step replay-tot-gsm8k} "
 step() {  # step NAME CAP_SECONDS BENCH_ARGS...: one bench run, its log and JSON under $out
   local name="$1" cap="$2"
   shift 2
@@ -78,7 +84,7 @@ step() {  # step NAME CAP_SECONDS BENCH_ARGS...: one bench run, its log and JSON
   # bars, round notices, warnings) to $name.err, whose tail is shown when the step fails
   # from the package tree: `python -m` puts the working directory first on sys.path, and a checkout's
   # root there would shadow the tree (its seed_tot has no tasks/ inside: no install maps it there)
-  (cd "$pkg" && timeout "$cap" "$python" -m seed_tot.cli bench --synthetic "$preset" --alpha "${ALPHA:-0.4}" --device "$device" \
+  (cd "$pkg" && timeout "$cap" "$python" -m seed_tot.cli bench --synthetic "${step_preset:-$preset}" --alpha "${ALPHA:-0.4}" --device "$device" \
     --temperature 0 "$@" --json "$out/$name.json" --jsonl "$out/rows.jsonl" 2>"$out/$name.err") | tee "$out/$name.log"
   local rc="${PIPESTATUS[0]}"
   if [ "$rc" != 0 ]; then
@@ -99,5 +105,12 @@ step tot-step "${caps[1]}" --workload tot-step --modes "$modes" --max-new-tokens
 step tot-gsm8k "${caps[2]}" --workload tot-gsm8k --data "$data" --limit 8 \
   --modes parallel,seed,parallel@c4,seed@c4 --max-new-tokens "$tot_tokens" --repeats "$repeats" --warmup 0 \
   --output "$out/tot-gsm8k-runs"
+# replayed real text (step_preset: the replay-* twin of the preset); the recording's problems and tokens
+replay_modes="parallel,seed+choose,seed+suffix,seed" replay_data="$root/tests/fixtures/gsm8k_small.jsonl"
+step_preset="replay-$preset" step replay-tot-step "${replay_caps[0]}" --workload tot-step --data "$replay_data" \
+  --modes "$replay_modes" --max-new-tokens 64 --repeats "$repeats" --warmup "$warmup"
+step_preset="replay-$preset" step replay-tot-gsm8k "${replay_caps[1]}" --workload tot-gsm8k --data "$replay_data" \
+  --limit "$replay_limit" --concurrency "$replay_limit" --modes "$replay_modes" --max-new-tokens 64 \
+  --repeats "$repeats" --warmup 0 --output "$out/replay-tot-gsm8k-runs"
 echo "== done: $out (rows.jsonl: one line per mode per timed run)"
 exit "$failed"

@@ -425,7 +425,8 @@ def synthetic_banner(preset: str, alpha: float) -> str:
               help="Write trace.json, gpu.csv and utilization.png (one panel per mode) here.")
 @click.option("--synthetic", metavar="PRESET", callback=one_of_later("seed_tot.synthetic", "PRESETS"), default=None,
               help="Random models of real shapes with an acceptance oracle instead of --target/--draft: "
-                   "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.synthetic.PRESETS).")
+                   "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.synthetic.PRESETS); "
+                   "replay-NAME: the target replays a recorded real run's text (seed_tot/replay.py).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,

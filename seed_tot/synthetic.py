@@ -23,13 +23,16 @@ import logging
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from seed_tot.engine.cache_argument import cache_kwargs, either_cache
 from seed_tot.engine.engine import Engine
+
+if TYPE_CHECKING:
+    from seed_tot.replay import ReplayTable
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,9 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen2-1.5b+qwen2-0.5b": (_QWEN2_1_5B, _QWEN2_0_5B),
     "tiny": (_TINY_TARGET, _TINY_DRAFT),
 }
+# the same shapes with the vocabulary of the recorded run, the target replaying its text (replay.py)
+REPLAY_PREFIX = "replay-"
+PRESETS.update({REPLAY_PREFIX + name: specs for name, specs in list(PRESETS.items())})
 
 
 def _hash(tokens: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.Tensor:
@@ -79,10 +85,12 @@ def target_token(tokens: torch.Tensor, positions: torch.Tensor, vocab: int) -> t
     return _hash(tokens, positions, TARGET_SALT) % vocab
 
 
-def draft_candidates(tokens: torch.Tensor, positions: torch.Tensor, vocab: int, alpha: float) -> torch.Tensor:
-    """[..., RANKS] candidate tokens, best first: rank r holds the target's token iff it is the
-    first rank whose coin (a hash, uniform in [0, 1)) falls below alpha; other ranks are wrong."""
-    truth = target_token(tokens, positions, vocab)
+def draft_candidates(tokens: torch.Tensor, positions: torch.Tensor, vocab: int, alpha: float,
+                     truth: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., RANKS] candidate tokens, best first: rank r holds the target's token (`truth`, default
+    the hash oracle's) iff it is the first rank whose coin (a hash, uniform in [0, 1)) falls below
+    alpha; other ranks are wrong."""
+    truth = target_token(tokens, positions, vocab) if truth is None else truth
     coins = torch.stack([_hash(tokens, positions, DRAFT_SALT + r) % (1 << 20) for r in range(RANKS)], -1)
     hit = coins.double() / (1 << 20) < alpha
     ranks = torch.arange(RANKS, device=tokens.device)
@@ -99,7 +107,7 @@ class OracleOutput:
 class OracleLM(nn.Module):
     """A causal LM whose forward is real but whose logits come from the oracle (see module doc)."""
 
-    def __init__(self, model: nn.Module, role: str, alpha: float = 1.0):
+    def __init__(self, model: nn.Module, role: str, alpha: float = 1.0, replay: "ReplayTable | None" = None):
         super().__init__()
         if role not in ("target", "draft"):
             raise ValueError(f"role must be 'target' or 'draft', got {role!r}")
@@ -107,6 +115,9 @@ class OracleLM(nn.Module):
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.model, self.role, self.alpha = model, role, alpha
         self.vocab = model.config.vocab_size
+        # replay-* presets: the target's token follows recorded text where the recording has it
+        # (seed_tot/replay.py); the draft's alpha coins are drawn against that same token
+        self.replay = replay
 
     @property
     def device(self) -> torch.device:
@@ -144,11 +155,14 @@ class OracleLM(nn.Module):
         positions = position_ids.expand_as(input_ids)
         kept = logits.shape[1]  # logits_to_keep: the model scored only the last positions
         input_ids, positions = input_ids[:, -kept:], positions[:, -kept:]
+        truth = target_token(input_ids, positions, self.vocab)
+        if self.replay is not None:
+            truth = self.replay.lookup(input_ids, positions, truth)
         if self.role == "target":
-            picks = target_token(input_ids, positions, self.vocab)[..., None]
+            picks = truth[..., None]
             values = torch.full(picks.shape, TOP_LOGIT, dtype=logits.dtype, device=logits.device)
         else:
-            picks = draft_candidates(input_ids, positions, self.vocab, self.alpha)
+            picks = draft_candidates(input_ids, positions, self.vocab, self.alpha, truth)
             values = (TOP_LOGIT - RANK_GAP * torch.arange(RANKS, device=logits.device)).to(logits.dtype)
             values = values.expand(picks.shape)
         return OracleOutput(logits.scatter_(-1, picks, values))
@@ -195,8 +209,11 @@ def build_model(spec: dict[str, Any], device: torch.device, dtype: torch.dtype, 
 
 
 def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device = "auto",
-                           dtype: torch.dtype | str | None = None, seed: int = 0) -> Engine:
-    """An Engine over random models of the preset's real shapes, with oracle acceptance `alpha`."""
+                           dtype: torch.dtype | str | None = None, seed: int = 0,
+                           recording: str | None = None) -> Engine:
+    """An Engine over random models of the preset's real shapes, with oracle acceptance `alpha`.
+    A replay-* preset's target replays `recording` (default: the one shipped, replay.py) with its
+    tokenizer and vocabulary."""
     from seed_tot.engine.forward_thread import ForwardThread
     from seed_tot.engine.models import resolve_device
 
@@ -209,16 +226,28 @@ def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device
     target_spec, draft_spec = PRESETS[preset]
     if target_spec["vocab_size"] != draft_spec["vocab_size"]:
         raise ValueError(f"preset {preset}: target and draft vocabularies differ")
+    replay, tokenizer, eos, oracle = None, SyntheticTokenizer(target_spec["vocab_size"]), None, "oracle"
+    if preset.startswith(REPLAY_PREFIX):
+        from seed_tot.replay import DEFAULT_RECORDING, ReplayTable, load_recording, load_tokenizer
+
+        record = load_recording(recording or DEFAULT_RECORDING)
+        tokenizer, eos = load_tokenizer(record), record.header.get("eos_token_ids") or None
+        target_spec = dict(target_spec, vocab_size=record.vocab_size)
+        draft_spec = dict(draft_spec, vocab_size=record.vocab_size)
+        replay = ReplayTable(record, dev)
+        oracle = f"replaying {record.header.get('target', 'a recorded run')}'s text"
     log.info("building synthetic %s on %s (%s), alpha %.2f", preset, dev, dtype, alpha)
     # on a CPU the models are built on the engine's forward thread (forward_thread.py says why)
     thread = ForwardThread() if dev.type == "cpu" else None
     build = thread.call if thread is not None else (lambda fn, *args: fn(*args))
-    target = OracleLM(build(build_model, target_spec, dev, dtype, seed), "target")
-    draft = OracleLM(build(build_model, draft_spec, dev, dtype, seed + 1), "draft", alpha)
-    vocab = target_spec["vocab_size"]
-    return Engine(target, draft, SyntheticTokenizer(vocab), vocab_size=vocab,
-                  target_name=f"synthetic {preset.split('+')[0]} (random weights, oracle)",
-                  draft_name=f"synthetic {preset.split('+')[-1]} (random weights, oracle alpha={alpha:g})",
+    target_model = build(build_model, target_spec, dev, dtype, seed)
+    target_model.generation_config.eos_token_id = eos  # replay: the recorded run stopped at its eos
+    target = OracleLM(target_model, "target", replay=replay)
+    draft = OracleLM(build(build_model, draft_spec, dev, dtype, seed + 1), "draft", alpha, replay=replay)
+    name = preset.removeprefix(REPLAY_PREFIX)
+    return Engine(target, draft, tokenizer, vocab_size=target_spec["vocab_size"],
+                  target_name=f"synthetic {name.split('+')[0]} (random weights, {oracle})",
+                  draft_name=f"synthetic {name.split('+')[-1]} (random weights, oracle alpha={alpha:g})",
                   forward_thread=thread)
 
 

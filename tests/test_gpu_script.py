@@ -10,8 +10,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_MODES = ["ar", "parallel", "seed", "sd", "seed@db1@vb1"]
+REPLAY_MODES = ["parallel", "seed+choose", "seed+suffix", "seed"]
 STEPS = {"thoughts": SPEED_MODES, "tot-step": SPEED_MODES,
-         "tot-gsm8k": ["parallel", "seed", "parallel@c4", "seed@c4"]}
+         "tot-gsm8k": ["parallel", "seed", "parallel@c4", "seed@c4"],
+         # the replay-* preset: the target replays a recorded real run, so text drafts see real text
+         "replay-tot-step": REPLAY_MODES, "replay-tot-gsm8k": REPLAY_MODES}
 
 
 def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_datasets(tmp_path):
@@ -27,15 +30,23 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for workload, labels in STEPS.items():
+    for step, labels in STEPS.items():
         for label in labels:
-            assert f"{workload}: {label} after run 1 of 1" in proc.stdout  # printed as soon as it ran
+            assert f"{_workload(step)}: {label} after run 1 of 1" in proc.stdout  # printed as soon as it ran
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert [(r["workload"], r["label"]) for r in rows] == [(w, m) for w, labels in STEPS.items() for m in labels]
+    expected = [(_workload(step), label) for step, labels in STEPS.items() for label in labels]
+    assert [(r["workload"], r["label"]) for r in rows] == expected
     # greedy: every mode reproduces the reference's tokens (thoughts, tot-step) or predictions (tot-gsm8k)
     assert all(r["matches_ar"] for r in rows), [(r["workload"], r["label"]) for r in rows if not r["matches_ar"]]
-    for workload in STEPS:  # each step's whole JSON document too, not only the streamed rows
-        assert [m["label"] for m in json.loads((out / f"{workload}.json").read_text())["modes"]] == STEPS[workload]
+    for step in STEPS:  # each step's whole JSON document too, not only the streamed rows
+        document = json.loads((out / f"{step}.json").read_text())
+        assert [m["label"] for m in document["modes"]] == STEPS[step]
+        assert ("replaying" in document["target"]) == step.startswith("replay-")
+
+
+def _workload(step: str) -> str:
+    """The bench workload a gpu.sh step runs: a replay-* step runs its workload on the replay preset."""
+    return step.removeprefix("replay-")
 
 
 def test_the_gpu_step_probe_profiles_the_engines_step_on_the_cpu_preset():

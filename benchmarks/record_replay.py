@@ -1,0 +1,105 @@
+"""Record a real ToT run's token streams for the synthetic engine's replay oracle (seed_tot/replay.py).
+
+    .venv/bin/python benchmarks/record_replay.py            # writes benchmarks/replay/gsm8k-smollm2.jsonl.gz
+
+Runs the embedded SmolLM2-135M-Instruct target on the CPU, greedy, `parallel` mode (batched target
+steps only: the tokens are the target's alone, whatever the mode), over the two workloads that
+`benchmarks/gpu.sh` replays, at the settings it replays them with:
+
+  - `tot-gsm8k`: whole ToT-BFS solves of the problems of tests/fixtures/gsm8k_small.jsonl (the
+    task's shipped config, temperature 0, REPLAY_TOKENS new tokens per call);
+  - `tot-step`: the bench workload's thought and value calls on that file's first problem.
+
+Every engine call is written as one JSON line: its workload, search key, phase, max_new_tokens and
+rows (each row's prompt ids and greedy output ids, the real tokenizer's). The first line is a
+header (tokenizer, vocabulary size, end-of-sequence ids, settings). The tokenizer ships beside it
+(SmolLM2's tokenizer files), so the replay needs neither the weights nor the Hub. Run once: the
+recording is data, not a timing.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gzip
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from seed_tot import Engine
+from seed_tot.bench_workloads import ModeSpec, tot_step_workload
+from seed_tot.engine.decode_spec import DecodeSpec
+from seed_tot.engine.params import SamplingParams
+from seed_tot.replay import (DEFAULT_RECORDING, FORMAT, REPLAY_DATA, REPLAY_LIMIT, REPLAY_TOKENS, TOKENIZER_FILE,
+                             pack_tokenizer)
+from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
+from seed_tot.tasks import get_task
+
+log = logging.getLogger("record_replay")
+
+
+class RecordingEngine(Engine):
+    """An Engine that keeps every scheduled call's prompt and output ids, with the call's search key
+    and phase (the streams the replay oracle follows)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[dict] = []
+        self.workload = ""
+
+    def _submit(self, prompts, params: SamplingParams, spec, on_tokens=None):
+        seqs, future, start = super()._submit(prompts, params, spec, on_tokens)
+        record = {"workload": self.workload, "search_key": params.search_key, "phase": params.phase,
+                  "max_new_tokens": params.max_new_tokens}
+        self.calls.append(record)  # in call order; the rows are filled in when the call is done
+        future.add_done_callback(lambda _: record.update(rows=[{"prompt": s.prompt, "output": s.generated}
+                                                               for s in seqs]))
+        return seqs, future, start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--output", type=Path, default=DEFAULT_RECORDING)
+    ap.add_argument("--data", default=str(REPLAY_DATA))
+    ap.add_argument("--limit", type=int, default=REPLAY_LIMIT)
+    ap.add_argument("--max-new-tokens", type=int, default=REPLAY_TOKENS)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = RecordingEngine.from_pretrained(device="cpu", dtype="float32")
+    greedy = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    parallel = ModeSpec("parallel", DecodeSpec(mode="parallel"))
+
+    engine.workload = "tot-step"
+    run, _ = tot_step_workload(engine, args.data, greedy)
+    run(engine, parallel, 0)
+
+    engine.workload = "tot-gsm8k"
+    task = get_task("gsm8k")
+    settings = apply_overrides(load_settings(shipped_config("gsm8k"), base=task.config), temperature=0.0,
+                               max_new_tokens=args.max_new_tokens, seed=0)
+    settings = dataclasses.replace(settings, decode=parallel.decode)
+    with tempfile.TemporaryDirectory(prefix="seed-tot-record-") as tmp:
+        summary = solve_dataset(engine, task, task.load(args.data, limit=args.limit), settings=settings, output_dir=tmp)
+    log.info("tot-gsm8k: accuracy %s over %d problems", summary.get("accuracy"), summary["n"])
+
+    missing = [i for i, call in enumerate(engine.calls) if "rows" not in call]
+    if missing:
+        raise RuntimeError(f"calls {missing} never finished: the recording would be incomplete")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    header = {"format": FORMAT, "tokenizer": TOKENIZER_FILE, "target": Path(engine.target_name).name,
+              "vocab_size": len(engine.tokenizer), "eos_token_ids": sorted(engine.eos_ids),
+              "recorded": datetime.date.today().isoformat(), "temperature": 0.0,
+              "max_new_tokens": args.max_new_tokens, "data": Path(args.data).name, "limit": args.limit}
+    with gzip.open(args.output, "wt", encoding="utf-8", compresslevel=9) as f:
+        for line in [header] + engine.calls:
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    pack_tokenizer(engine.tokenizer, args.output.parent / TOKENIZER_FILE)
+    tokens = sum(len(r["prompt"]) + len(r["output"]) for c in engine.calls for r in c["rows"])
+    log.info("wrote %s: %d calls, %d tokens, %d bytes", args.output, len(engine.calls), tokens,
+             args.output.stat().st_size)
+
+
+if __name__ == "__main__":
+    main()
