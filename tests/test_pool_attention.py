@@ -146,3 +146,17 @@ def test_a_model_the_pool_path_cannot_serve_runs_the_gather_path_said_once(caplo
     assert "attention=pool cannot serve it exactly" in caplog.text
     with pytest.raises(ValueError, match="attention='paged': expected one of gather, pool"):
         ModelRuntime(model, "paged")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_cuda_graph_replay_with_pool_attention_equals_the_exact_size_forward(arch):
+    """On CUDA (compiled FlexAttention): each bucket's graph, block masks built inside it, replays the
+    exact-size forward's logits and cache entries, a second step of a bucket included."""
+    runtime = ModelRuntime(build(arch).to("cuda"), "pool")
+    for n_rows, decode in ((1, True), (3, False), (9, True)):
+        rows = [prefill(runtime, p) for p in prompts(n_rows)]
+        inputs = row_inputs(n_rows, decode)
+        for _ in range(2):
+            assert_same_rows(runtime, *both(runtime, rows, inputs, None), inputs, 1e-4)
+    assert runtime.graphed.replays >= 3 and runtime.graphed.attend is runtime.flex

@@ -10,6 +10,8 @@ Windows are measured in *positions*, not cache indices: a tree node at depth d s
 prefix + d - 1 whatever its index in the cache, and its ancestors are exactly the tokens of its
 own sequence. Models that mix sliding and full layers (Gemma-2/3, Qwen2 with max_window_layers)
 take a dict {layer type: mask}; models whose layers all slide (Mistral, Phi-3) take one tensor.
+The same rules, placed over the KV pool's slots instead of each row's history columns, give the
+FlexAttention block masks of attention that reads the pool in place (`pool_block_masks`).
 
 ALiBi models (Bloom, MPT, Falcon with alibi=True) derive their position biases from a 2D padding
 mask inside the model, which a tree cannot express without forking the modeling code: they are
@@ -270,7 +272,7 @@ def pool_block_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: to
         cell = out_index[:n_query]
     n_placed = cell.shape[0]
     q_blocks, kv_blocks = -(-n_query // POOL_BLOCK), -(-capacity // POOL_BLOCK)
-    slots = read_index.reshape(rows, 1, n_keys).expand(rows, width, n_keys).reshape(n_cells, n_keys)[cell]
+    slots = read_index[cell // width]  # [placed queries, K]: the history slots of each query's row
     masks = {}
     for window in windows:
         visible = _in_window(allowed, query_pos, key_pos, window).reshape(n_cells, n_keys)[cell]

@@ -6,7 +6,9 @@ is called with a `RowBatchCache`, whose `update` stores every row's new keys/val
 pool (kv_pool.py) with one write per layer, and an attention function registered with transformers'
 `AttentionInterface` runs one attention call per layer for all rows: their histories gathered from the
 pool by one index, their masks (tree structure + the layer's sliding window, masks.py's rules) built
-once per forward. No Python loop over rows runs inside a layer.
+once per forward. No Python loop over rows runs inside a layer. With attention="pool"
+(model_runtime.py) nothing is gathered: one FlexAttention call per layer reads the pool's storage
+itself through a block mask over its slots, built once per forward (`_pool_attention`).
 
 Per forward, not per model: the model's config names the registered implementation ("seed_tot+sdpa" /
 "seed_tot+eager") only while a batched forward of it runs or an engine's scheduler has calls (`hold`
