@@ -91,6 +91,23 @@ def test_pool_attention_at_fixed_shapes_equals_the_exact_size_forward_and_the_ga
     assert pool.graphed.attend is pool.flex is flex_attention  # the fixed shapes ran the pool path too
 
 
+def test_compiled_flex_attention_over_the_pool_gives_the_gather_paths_logits():
+    """The kernel CUDA runs: FlexAttention compiled by inductor (here its CPU backend), traced with the
+    forward's block masks (a mask_mod closing over this forward's visibility) and the soft-cap
+    score_mod, at exact sizes and at fixed shapes, gives the gather path's logits."""
+    model = build("gemma2")  # soft-capping, a sliding layer and a full one
+    pool, gather = ModelRuntime(model, "pool", compile_attention=True), ModelRuntime(model, "gather")
+    assert pool.flex is not flex_attention  # the compiled function
+    for n_rows, decode, fixed in ((3, True, False), (4, True, False), (3, False, False), (5, True, True)):
+        inputs = row_inputs(n_rows, decode)
+        tokens, parents = [t for t, _ in inputs], [p for _, p in inputs]
+        got = forward_batch(pool, [prefill(pool, p) for p in prompts(n_rows)], tokens, parents, fixed_shapes=fixed)
+        want = forward_batch(gather, [prefill(gather, p) for p in prompts(n_rows)], tokens, parents, fixed_shapes=False)
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            assert torch.equal(g.argmax(-1), w.argmax(-1))
+
+
 def test_sampled_output_of_batched_seed_with_pool_attention_follows_the_target_distribution(monkeypatch):
     """Batched seed with a tree over Qwen2 with one sliding and one full layer: batched draft and
     verification forwards read the pool in place; the TV test of test_sampling_lossless."""

@@ -40,13 +40,16 @@ class ModelRuntime:
     "gather" copies every row's history out of the pool per layer and runs masked attention on the
     copy; "pool" runs FlexAttention on the pool's storage itself with one block mask per forward
     (masks.pool_block_masks). "gather" stays the default: the pool path's eager CPU kernel scores
-    every slot of the pool, and it has not been timed against the gather on any device yet."""
+    every slot of the pool, and it has not been timed against the gather on any device yet.
+    compile_attention: run that FlexAttention compiled (inductor); None: on CUDA only, where only the
+    compiled kernel is fused (the CPU tests compile it too, to prove the compiled path exact)."""
 
-    def __init__(self, model, attention: str = "gather"):
+    def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         self.model = model
         self.attention = attention
+        self.compile_attention = compile_attention
         self._flex = None  # the FlexAttention function of attention="pool", made on first use
         self._flex_refused: str | None = None
         self._lock = threading.Lock()  # for what is made on first use: threads forward one model at once
@@ -104,8 +107,8 @@ class ModelRuntime:
     def flex(self):
         """The FlexAttention function batched forwards read the pool with (attention="pool"), or None:
         the gather path (attention="gather", or a model the pool path cannot serve exactly: logged once,
-        at the first batched forward, before it runs). Compiled on CUDA, where only the compiled kernel
-        is fused (the eager one scores every slot); eager elsewhere."""
+        at the first batched forward, before it runs). Compiled where `compile_attention` says (default:
+        on CUDA, where only the compiled kernel is fused; the eager one scores every slot)."""
         if self.attention != "pool" or self._flex_refused is not None:
             return None
         if self._flex is None:
@@ -117,8 +120,10 @@ class ModelRuntime:
                         log.warning("%s reads its history by gathering it (attention=gather): attention=pool "
                                     "cannot serve it exactly: %s", type(self.model).__name__, refused)
                         return None
-                    self._flex = (torch.compile(flex_attention)
-                                  if self.placement[0].type == "cuda" else flex_attention)
+                    compiled = self.compile_attention
+                    if compiled is None:
+                        compiled = self.placement[0].type == "cuda"
+                    self._flex = torch.compile(flex_attention) if compiled else flex_attention
         return self._flex
 
     # ------------------------------------------------------------------ query padding
