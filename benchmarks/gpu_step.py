@@ -4,7 +4,8 @@
         per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
         its exact size against the bucketed forward replayed as a CUDA graph, median of the steps,
         and whether both give the same tokens (the graphed times price a pair for
-        benchmarks/speculation_ceiling.py --points)
+        benchmarks/speculation_ceiling.py --points); --attention gather,pool times both attention
+        paths (model_runtime.py) on one model
     python benchmarks/gpu_step.py profile --preset llama2-7b+llama-160m --rows 9
         the engine on a synthetic pair: ms per step of `parallel` and `seed`; a cProfile of the step
         thread over 32 `parallel` steps (the one `.tolist()` a step waits in is the device's time);

@@ -120,10 +120,9 @@ def test_forked_rows_read_their_shared_prompt_from_the_pool_storage_through_comm
     each: the kernel gets the pool's storage tensor itself, nobody gathers from the pool, and the
     block mask lists the prompt's pool tiles once for the one query tile every row's query is in,
     every query seeing every prompt slot and no other row's new entry."""
-    model = build("llama")
-    runtime = ModelRuntime(model, "pool")
     flex = CountingFlex()
-    runtime._flex = flex  # what ModelRuntime.flex hands the forwards, counted
+    monkeypatch.setattr(model_runtime, "flex_attention", flex)  # what ModelRuntime.flex hands the forwards
+    runtime = ModelRuntime(build("llama"), "pool")
     prompt = [(5 * i + 2) % 90 + 1 for i in range(3 * POOL_BLOCK)]  # three pool tiles and more
     root = prefill(runtime, prompt)
     rows = [root.fork() for _ in range(4)]
