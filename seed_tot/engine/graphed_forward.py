@@ -185,7 +185,8 @@ class GraphedForward:
         """The forward of one bucket from its static device buffers; the graph records exactly this."""
         d = static.d
         pooled = self.attend is not None
-        masks = {} if pooled else additive_masks(static.allowed, d["query_pos"], d["key_pos"], set(windows), model.dtype)
+        masks = {} if pooled else additive_masks(static.allowed, d["query_pos"], d["key_pos"], set(windows),
+                                                  model.dtype)
         batch = row_attention.RowBatchCache(
             model.config, pool, d["write"], d["read"], masks, windows, shape.keys, rows=shape.rows,
             width=shape.width, n_query=shape.tokens, n_write=shape.tokens, one_each=shape.width == 1,

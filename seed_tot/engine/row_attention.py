@@ -210,20 +210,20 @@ def _pool_attention(batch: RowBatchCache, module, query: torch.Tensor, scaling: 
     if softcap is not None:
         def score_mod(score, b, h, q_idx, kv_idx):
             return torch.tanh(score / softcap) * softcap
-    out = batch.attend(query.detach(), keys, values, score_mod=score_mod, block_mask=batch.block_masks[batch.windows[layer]],
-                       scale=scaling, enable_gqa=query.shape[1] != keys.shape[1])
+    block_mask = batch.block_masks[batch.windows[layer]]
+    out = batch.attend(query.detach(), keys, values, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                       enable_gqa=query.shape[1] != keys.shape[1])
     return out.transpose(1, 2), None  # [1, n_query, H, D]: the packed layout the model expects
 
 
 def pool_refusal(model) -> str | None:
     """Why attention="pool" cannot serve `model` exactly (None: it can). Checked once per runtime, before
-    any forward; a refused model runs the gather path (ModelRuntime.flex logs it once)."""
+    any forward; a refused model runs the gather path (ModelRuntime.flex logs it once). Every model row
+    attention serves is one the pool path serves: what FlexAttention cannot express (ALiBi, attention
+    sinks, GPT-2's reordered upcast) is already outside `serves` or refused per call (sinks)."""
     if not serves(model):
         return ("its attention does not go through transformers' attention interface with the pool's "
                 "cache (or keeps its own upcast path): it runs the copying batched path")
-    config = model.config
-    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
-        return "ALiBi biases are computed from a 2D mask inside the model"
     return None
 
 
