@@ -91,6 +91,20 @@ def test_pool_attention_at_fixed_shapes_equals_the_exact_size_forward_and_the_ga
     assert pool.graphed.attend is pool.flex is flex_attention  # the fixed shapes ran the pool path too
 
 
+def test_a_runtimes_first_forward_may_be_at_a_fixed_shape():
+    """The fixed-shape runner is made on the first forward that fits a bucket (a short prefill on
+    CUDA) and asks the runtime for its FlexAttention function then: it gets it, and the logits are
+    the gather path's."""
+    model = build("llama")
+    pool, gather = ModelRuntime(model, "pool"), ModelRuntime(model, "gather")
+    prompt = prompts(1)[0]
+    chain = [list(range(-1, len(prompt) - 1))]
+    got = forward_batch(pool, [KVCache()], [prompt], chain, fixed_shapes=SMALL_STEPS)
+    want = forward_batch(gather, [KVCache()], [prompt], chain, fixed_shapes=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert pool.graphed.attend is flex_attention
+
+
 def test_compiled_flex_attention_over_the_pool_gives_the_gather_paths_logits():
     """The kernel CUDA runs: FlexAttention compiled by inductor (here its CPU backend), traced with the
     forward's block masks (a mask_mod closing over this forward's visibility) and the soft-cap

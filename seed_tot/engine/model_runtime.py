@@ -50,7 +50,7 @@ class ModelRuntime:
         self.model = model
         self.attention = attention
         self.compile_attention = compile_attention
-        self._flex = None  # the FlexAttention function of attention="pool", made on first use
+        self._flex = None  # (device type, the FlexAttention function) of attention="pool", made on first use
         self._flex_refused: str | None = None
         self._lock = threading.Lock()  # for what is made on first use: threads forward one model at once
         self._layout: AttentionLayout | None = None
@@ -111,9 +111,10 @@ class ModelRuntime:
         on CUDA, where only the compiled kernel is fused; the eager one scores every slot)."""
         if self.attention != "pool" or self._flex_refused is not None:
             return None
-        if self._flex is None:
+        device = self.placement[0].type
+        if self._flex is None or self._flex[0] != device:  # made anew when the model moves (CPU -> CUDA)
             with self._lock:
-                if self._flex is None and self._flex_refused is None:
+                if (self._flex is None or self._flex[0] != device) and self._flex_refused is None:
                     refused = row_attention.pool_refusal(self.model)
                     if refused is not None:
                         self._flex_refused = refused
@@ -122,9 +123,9 @@ class ModelRuntime:
                         return None
                     compiled = self.compile_attention
                     if compiled is None:
-                        compiled = self.placement[0].type == "cuda"
-                    self._flex = torch.compile(flex_attention) if compiled else flex_attention
-        return self._flex
+                        compiled = device == "cuda"
+                    self._flex = (device, torch.compile(flex_attention) if compiled else flex_attention)
+        return self._flex[1]
 
     # ------------------------------------------------------------------ query padding
     def padded_rows(self, n: int) -> int:
@@ -176,8 +177,9 @@ class ModelRuntime:
         """The fixed-shape runner, made anew when the model was moved or cast since the last one."""
         found, placement = self._graphed, self.placement
         if found is None or (found.device, found.dtype) != placement:
+            attend = self.flex  # resolved before the lock, which `flex` takes itself
             with self._lock:
                 found = self._graphed
                 if found is None or (found.device, found.dtype) != placement:
-                    found = self._graphed = GraphedForward(self.model, self.flex)
+                    found = self._graphed = GraphedForward(self.model, attend)
         return found
