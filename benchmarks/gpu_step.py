@@ -4,7 +4,8 @@
         per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
         its exact size against the bucketed forward replayed as a CUDA graph, median of the steps,
         and whether both give the same tokens (the graphed times price a pair for
-        benchmarks/speculation_ceiling.py --points)
+        benchmarks/speculation_ceiling.py --points); --attention gather,pool times both attention
+        paths (model_runtime.py) on one model
     python benchmarks/gpu_step.py profile --preset llama2-7b+llama-160m --rows 9
         the engine on a synthetic pair: ms per step of `parallel` and `seed`; a cProfile of the step
         thread over 32 `parallel` steps (the one `.tolist()` a step waits in is the device's time);
@@ -91,15 +92,19 @@ def _steps(runtime: ModelRuntime, n_rows: int, fixed, tree: bool, steps: int = 2
 def graphs(args) -> None:
     print(torch.cuda.get_device_name(), torch.__version__, tf.__version__, flush=True)
     for name in args.models.split(","):
-        runtime = ModelRuntime(_model(name))  # one pool and one graph runner for both executions
-        for kind, row_counts in (("decode", (1, 8, 32)), ("tree4", (1, 8))):
-            for n_rows in row_counts:
-                eager_ms, eager_out = _steps(runtime, n_rows, False, kind == "tree4")
-                graph_ms, graph_out = _steps(runtime, n_rows, None, kind == "tree4")
-                print(json.dumps(dict(model=name, kind=kind, rows=n_rows, eager_ms=round(eager_ms, 3),
-                                      graphed_ms=round(graph_ms, 3), same_tokens=eager_out == graph_out)), flush=True)
-        del runtime
-        torch.cuda.empty_cache()
+        model = _model(name)
+        for attention in args.attention.split(","):  # model_runtime.ATTENTION_PATHS
+            runtime = ModelRuntime(model, attention)  # one pool and one graph runner for both executions
+            for kind, row_counts in (("decode", (1, 8, 32)), ("tree4", (1, 8))):
+                for n_rows in row_counts:
+                    eager_ms, eager_out = _steps(runtime, n_rows, False, kind == "tree4")
+                    graph_ms, graph_out = _steps(runtime, n_rows, None, kind == "tree4")
+                    print(json.dumps(dict(model=name, attention=attention, kind=kind, rows=n_rows,
+                                          eager_ms=round(eager_ms, 3), graphed_ms=round(graph_ms, 3),
+                                          same_tokens=eager_out == graph_out)), flush=True)
+            del runtime
+            torch.cuda.empty_cache()
+        del model
 
 
 def profile(args) -> None:
@@ -143,6 +148,8 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="probe", required=True)
     g = sub.add_parser("graphs", help="eager vs CUDA-graph steps per model size")
     g.add_argument("--models", default="tiny,1.1b,7b", help=f"comma-separated, from {', '.join(SHAPES)}")
+    g.add_argument("--attention", default="gather",
+                   help="comma-separated attention paths to time, from gather, pool (model_runtime.py)")
     p = sub.add_parser("profile", help="the engine's step: timing, host profile, kernel table")
     p.add_argument("--preset", default="llama2-7b+llama-160m")
     p.add_argument("--rows", type=int, default=9)

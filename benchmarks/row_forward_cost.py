@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from seed_tot import Engine
 from seed_tot.engine.cache_argument import cache_kwargs
 from seed_tot.engine.kv_cache import KVCache, forward_batch
+from seed_tot.engine.model_runtime import ATTENTION_PATHS, ModelRuntime
 from seed_tot.engine.speculative import prefill
 
 
@@ -74,17 +75,20 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1, help="new tokens per row (a chain): a verification's size")
     parser.add_argument("--dtype", help="float32 (CPU default), bfloat16, float16")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--attention", default="gather", choices=ATTENTION_PATHS,
+                        help="how batched forwards read the rows' history (model_runtime.py)")
     args = parser.parse_args()
     engine = Engine.from_pretrained(args.target, "lookup", dtype=args.dtype)  # the target alone: no draft model to load
     sizes = [int(r) for r in args.rows.split(",")]
+    runtime = ModelRuntime(engine.target, args.attention)
 
     def run():
-        return [measure(engine.target_runtime, args.context, r, args.repeats, args.entries) for r in sizes]
+        return [measure(runtime, args.context, r, args.repeats, args.entries) for r in sizes]
 
     # on a CPU every forward runs on the engine's forward thread (forward_thread.py), as in a real run
     results = engine.on_forward_thread(run) if engine.forward_thread is not None else run()
-    print(f"{engine.target_name} ({engine.target.dtype}), {args.context}-token history, {args.entries} new token(s) "
-          f"per row, median of {args.repeats} (ms)")
+    print(f"{engine.target_name} ({engine.target.dtype}, attention={args.attention}), {args.context}-token history, "
+          f"{args.entries} new token(s) per row, median of {args.repeats} (ms)")
     print("| rows | forward_batch | padded (one attention call) | forward_batch / padded |")
     print("| --- | --- | --- | --- |")
     for r, (row_ms, padded_ms) in zip(sizes, results):

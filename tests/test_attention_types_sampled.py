@@ -22,9 +22,11 @@ assert len(PROMPT) > WINDOW
 INIT = {"gemma2": 0.05, "gemma3": 0.05}
 
 
-def assert_samples_follow_the_target(target, monkeypatch, setting: str, mode: str, k_config, batch) -> None:
+def assert_samples_follow_the_target(target, monkeypatch, setting: str, mode: str, k_config, batch,
+                                     attention: str = "gather") -> None:
     """test_sampling_lossless's engine run and TV test on this file's PROMPT, with a draft (noisy copy)
-    whose own law lies outside the bound, so that a lossy verifier would show."""
+    whose own law lies outside the bound, so that a lossy verifier would show (attention: the
+    engine's attention path, model_runtime.py)."""
     monkeypatch.setattr(lossless, "PROMPT", PROMPT)
     draft = noisy_copy(target, 0.3)
     params = lossless.SETTINGS[setting]
@@ -32,7 +34,7 @@ def assert_samples_follow_the_target(target, monkeypatch, setting: str, mode: st
     bound = lossless.tv_bound(exact, lossless.SAMPLES)
     draft_law = lossless.exact_distribution(draft, params)
     assert lossless.tv(Counter({s: p * lossless.SAMPLES for s, p in draft_law.items()}), exact, lossless.SAMPLES) > bound
-    results = Engine(target, draft, vocab_size=lossless.VOCAB).generate(
+    results = Engine(target, draft, vocab_size=lossless.VOCAB, attention=attention).generate(
         [PROMPT] * lossless.SAMPLES, params, mode=mode, k_config=k_config, n_workers=8, draft_batch=batch,
         verify_batch=batch)
     stats = [r.stats for r in results]

@@ -35,12 +35,13 @@ class Engine:
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
-                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
+                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30, attention: str = "gather"):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
-        # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model
-        self.target_runtime = ModelRuntime(self.target)
-        self.draft_runtime = ModelRuntime(self.draft) if self.draft is not None else None
+        # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model;
+        # attention: how batched forwards read the pool ("gather" or "pool": model_runtime.py)
+        self.target_runtime = ModelRuntime(self.target, attention)
+        self.draft_runtime = ModelRuntime(self.draft, attention) if self.draft is not None else None
         self.tokenizer = tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)

@@ -128,8 +128,9 @@ class _Static:
 class GraphedForward:
     """The fixed-shape forwards of one model: static buffers per bucket and, on CUDA, a graph per bucket."""
 
-    def __init__(self, model):
+    def __init__(self, model, attend=None):
         self.device, self.dtype = model.device, model.dtype  # no reference to the model: it owns this
+        self.attend = attend  # attention="pool"'s FlexAttention function (ModelRuntime.flex); None: gather
         self.graphs_on = self.device.type == "cuda"
         self.refused = graph_refusal(model) if self.graphs_on else None
         if self.refused:
@@ -183,11 +184,15 @@ class GraphedForward:
     def _forward(self, model, layout, windows, pool, static: _Static, shape: Shape) -> torch.Tensor:
         """The forward of one bucket from its static device buffers; the graph records exactly this."""
         d = static.d
-        masks = additive_masks(static.allowed, d["query_pos"], d["key_pos"], set(windows), model.dtype)
+        pooled = self.attend is not None
+        masks = {} if pooled else additive_masks(static.allowed, d["query_pos"], d["key_pos"], set(windows),
+                                                  model.dtype)
         batch = row_attention.RowBatchCache(
             model.config, pool, d["write"], d["read"], masks, windows, shape.keys, rows=shape.rows,
             width=shape.width, n_query=shape.tokens, n_write=shape.tokens, one_each=shape.width == 1,
-            q_index=d["q_index"], out_index=d["out_index"])
+            q_index=d["q_index"], out_index=d["out_index"], attend=self.attend)
+        if pooled:  # fixed shapes per bucket and pool generation (the graphs are captured again when it grows)
+            batch.pool_masks(static.allowed, d["query_pos"], d["key_pos"])
         placeholder = static.placeholder
         mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
         with row_attention.active_batch(model, batch):

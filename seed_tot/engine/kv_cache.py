@@ -212,13 +212,14 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
     # padding queries after the last row where the hardware runs more entries cheaper (query_padding.py);
     # they belong to no row: they attend to nothing and never reach storage
     n_query = runtime.padded_rows(n_real)
-    if _sees_everything(caches, n_new, windows):  # no key hidden from any query: no mask to build or add
+    attend = runtime.flex  # attention="pool": the rows' slots are a block mask over the pool, always built
+    if attend is None and _sees_everything(caches, n_new, windows):  # no key hidden from any query: no mask
         masks = {window: None for window in set(windows)}
         packed = torch.tensor([kv.length for kv in caches])  # each row's one query sits at its length
     else:
         allowed, query_pos, key_pos = batched_visibility([kv.committed for kv in caches], all_parents,
                                                          [len(kv.parents) for kv in caches])
-        masks = window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
+        masks = {} if attend is not None else window_masks(allowed, query_pos, key_pos, set(windows), dtype, device)
         if all(n == 1 for n in n_new):  # one entry per row (a decode step): already in packed order
             packed = query_pos[:, 0]
         else:
@@ -233,7 +234,9 @@ def _forward_packed(runtime: ModelRuntime, caches: list[KVCache], tokens: list[l
         extra["logits_to_keep"] = logits_to_keep + n_query - n_real
     with pool.scoring([kv.cache.line for kv in caches], n_new) as plan:
         batch = row_attention.RowBatchCache.packed(model.config, pool, plan, n_new, starts, n_query, masks, windows,
-                                                   history)
+                                                   history, attend)
+        if attend is not None:
+            batch.pool_masks(allowed, query_pos, key_pos)
         with row_attention.active_batch(model, batch):
             out = model(input_ids=input_ids, position_ids=to_device(positions, device), attention_mask=mask,
                         use_cache=True, **cache_kwargs(model, batch), **extra)

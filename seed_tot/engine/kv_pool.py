@@ -16,7 +16,8 @@ CPU and are touched only under the lock; the storage lives on the model's device
 
 Slot SCRATCH is never handed to a row: it is what padding reads (masked keys) and where padding
 entries write (graphed_forward.py's fixed shapes), so a padding entry never touches a real row's
-slot. It is zeroed when a layer's storage is made, so a masked read of it is always finite.
+slot. Every slot is zeroed when a layer's storage is made or grows, so a masked read of any slot is finite
+(attention="pool" scores every slot of the pool tiles it reads, written or not).
 `generation` counts the storage tensors' reallocations: a CUDA graph holds their addresses.
 """
 from __future__ import annotations
@@ -251,6 +252,7 @@ class KVPool:
             for layer, tensor in store.items():
                 grown = tensor.new_empty((capacity,) + tensor.shape[1:])
                 grown[:old] = tensor
+                grown[old:].zero_()  # never-written slots stay finite (see `write`)
                 store[layer] = grown
         refs = torch.zeros(capacity, dtype=torch.int32)
         refs[:old] = self.refs
@@ -280,9 +282,9 @@ class KVPool:
             with self._create, torch.inference_mode(False):
                 if layer not in self.keys:
                     for store, like in ((self.values, values), (self.keys, keys)):
-                        tensor = like.new_empty((self.capacity,) + like.shape[1:])
-                        tensor[SCRATCH].zero_()  # masked reads of it must be finite (0 * NaN is NaN)
-                        store[layer] = tensor
+                        # zeros, not empty: masked reads must be finite (0 * NaN is NaN), and
+                        # attention="pool" reads every slot of a pool tile, written or not
+                        store[layer] = like.new_zeros((self.capacity,) + like.shape[1:])
                     self.generation += 1
         self.keys[layer].index_copy_(0, slots, keys)
         self.values[layer].index_copy_(0, slots, values)

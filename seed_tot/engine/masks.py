@@ -10,6 +10,8 @@ Windows are measured in *positions*, not cache indices: a tree node at depth d s
 prefix + d - 1 whatever its index in the cache, and its ancestors are exactly the tokens of its
 own sequence. Models that mix sliding and full layers (Gemma-2/3, Qwen2 with max_window_layers)
 take a dict {layer type: mask}; models whose layers all slide (Mistral, Phi-3) take one tensor.
+The same rules, placed over the KV pool's slots instead of each row's history columns, give the
+FlexAttention block masks of attention that reads the pool in place (`pool_block_masks`).
 
 ALiBi models (Bloom, MPT, Falcon with alibi=True) derive their position biases from a 2D padding
 mask inside the model, which a tree cannot express without forking the modeling code: they are
@@ -21,8 +23,10 @@ import inspect
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 from .host_to_device import to_device
+from .kv_pool import SCRATCH
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -224,9 +228,78 @@ def additive_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torc
     from the row metadata it copied in."""
     masks = {}
     for window in windows:
-        visible = allowed
-        if window is not None:
-            visible = allowed & ((query_pos[:, :, None] - key_pos[:, None, :]) < window)
+        visible = _in_window(allowed, query_pos, key_pos, window)
         mask = torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device)
         masks[window] = mask.masked_fill_(visible, 0.0)[:, None]
     return masks
+
+
+def _in_window(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None
+               ) -> torch.Tensor:
+    """allowed [B, Q, K] narrowed to the keys inside `window` (None: full) by key_pos > query_pos - window."""
+    if window is None:
+        return allowed
+    return allowed & ((query_pos[:, :, None] - key_pos[:, None, :]) < window)
+
+
+# FlexAttention's tile in both dimensions: a block mask says which (query block, pool block) tiles
+# hold a visible pair, and the kernel reads only those tiles of the pool
+POOL_BLOCK = 128
+
+
+def pool_block_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor,
+                     read_index: torch.Tensor, out_index: torch.Tensor | None, n_query: int, capacity: int,
+                     windows: set) -> dict:
+    """FlexAttention block masks over the KV pool's slots, one per window (None: full), for attention
+    that reads the pool in place (row_attention.py, `attention="pool"`).
+
+    The same rows and rules as `additive_masks`: allowed [R, W, K] (row, query cell, history column:
+    tree structure and padding), query_pos [R, W], key_pos [R, K], and read_index [R, K] the slot of
+    each history column (kv_pool.ScoringPlan). The query axis is the forward's packed sequence of
+    n_query queries: packed query j is cell out_index[j] of the [R * W] layout (out_index None: one
+    query per row, packed query j is row j); packed queries past those see nothing. The key axis is
+    every slot of the pool (`capacity`), so what a query may see is its row's history slots, placed by
+    one scatter; the pool's SCRATCH slot (padding reads) is seen by nobody. Forks of one prompt hold
+    its slots in common, so their queries select the same pool tiles: a tile is read once per query
+    tile, not once per row. Fixed shapes for fixed inputs, no host sync: a CUDA graph captures it."""
+    rows, width, n_keys = allowed.shape
+    device = read_index.device
+    allowed, query_pos, key_pos = (to_device(t, device) for t in (allowed, query_pos, key_pos))
+    n_cells = rows * width
+    if out_index is None:  # packed query j is row j's one query
+        cell = torch.arange(min(n_query, n_cells), device=device)
+    else:
+        cell = out_index[:n_query]
+    n_placed = cell.shape[0]
+    q_blocks, kv_blocks = -(-n_query // POOL_BLOCK), -(-capacity // POOL_BLOCK)
+    slots = read_index[cell // width]  # [placed queries, K]: the history slots of each query's row
+    masks = {}
+    for window in windows:
+        visible = _in_window(allowed, query_pos, key_pos, window).reshape(n_cells, n_keys)[cell]
+        dense = torch.zeros(q_blocks * POOL_BLOCK, kv_blocks * POOL_BLOCK, dtype=torch.bool, device=device)
+        # a row's slots are distinct; only padding columns repeat (all SCRATCH, all hidden), so the
+        # scatter has one value per written cell
+        dense[:n_placed].scatter_(1, slots, visible)
+        dense[:, SCRATCH] = False
+        tiles = dense.view(q_blocks, POOL_BLOCK, kv_blocks, POOL_BLOCK).sum((1, 3), dtype=torch.int32)
+        full = tiles == POOL_BLOCK * POOL_BLOCK
+        partial = (tiles > 0) & ~full
+        # tiles listed first where present (stable: in slot order), as FlexAttention's own builder does
+        masks[window] = BlockMask.from_kv_blocks(
+            *_ordered(partial), *_ordered(full), BLOCK_SIZE=(POOL_BLOCK, POOL_BLOCK),
+            mask_mod=_lookup(dense), seq_lengths=(n_query, capacity), compute_q_blocks=False)
+    return masks
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[Qb, Kb] bool -> (how many per query block [1, 1, Qb], their indices first [1, 1, Qb, Kb]), int32."""
+    count = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort(tiles.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count[None, None], order[None, None]
+
+
+def _lookup(dense: torch.Tensor):
+    """The mask_mod of a dense [queries, slots] visibility (a tile's pairs where it is only partly visible)."""
+    def mask_mod(batch, head, q_idx, kv_idx):
+        return dense[q_idx, kv_idx]
+    return mask_mod

@@ -14,10 +14,12 @@ counts per config for that reason.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 from . import row_attention
 from .graphed_forward import GraphedForward
@@ -25,12 +27,31 @@ from .kv_pool import KVPool
 from .masks import AttentionLayout
 from .query_padding import measure_padding
 
+log = logging.getLogger(__name__)
+
+
+ATTENTION_PATHS = ("gather", "pool")
+
 
 class ModelRuntime:
-    """One model and the state the engine keeps about it (see the module doc)."""
+    """One model and the state the engine keeps about it (see the module doc).
 
-    def __init__(self, model):
+    attention: how a batched forward's attention reads the rows' history (row_attention.py):
+    "gather" copies every row's history out of the pool per layer and runs masked attention on the
+    copy; "pool" runs FlexAttention on the pool's storage itself with one block mask per forward
+    (masks.pool_block_masks). "gather" stays the default: the pool path's eager CPU kernel scores
+    every slot of the pool, and it has not been timed against the gather on any device yet.
+    compile_attention: run that FlexAttention compiled (inductor); None: on CUDA only, where only the
+    compiled kernel is fused (the CPU tests compile it too, to prove the compiled path exact)."""
+
+    def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None):
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         self.model = model
+        self.attention = attention
+        self.compile_attention = compile_attention
+        self._flex = None  # (device type, the FlexAttention function) of attention="pool", made on first use
+        self._flex_refused: str | None = None
         self._lock = threading.Lock()  # for what is made on first use: threads forward one model at once
         self._layout: AttentionLayout | None = None
         self._windows: list[int | None] | None = None
@@ -82,6 +103,30 @@ class ModelRuntime:
                     self._pool = KVPool(self.placement[0])
         return self._pool
 
+    @property
+    def flex(self):
+        """The FlexAttention function batched forwards read the pool with (attention="pool"), or None:
+        the gather path (attention="gather", or a model the pool path cannot serve exactly: logged once,
+        at the first batched forward, before it runs). Compiled where `compile_attention` says (default:
+        on CUDA, where only the compiled kernel is fused; the eager one scores every slot)."""
+        if self.attention != "pool" or self._flex_refused is not None:
+            return None
+        device = self.placement[0].type
+        if self._flex is None or self._flex[0] != device:  # made anew when the model moves (CPU -> CUDA)
+            with self._lock:
+                if (self._flex is None or self._flex[0] != device) and self._flex_refused is None:
+                    refused = row_attention.pool_refusal(self.model)
+                    if refused is not None:
+                        self._flex_refused = refused
+                        log.warning("%s reads its history by gathering it (attention=gather): attention=pool "
+                                    "cannot serve it exactly: %s", type(self.model).__name__, refused)
+                        return None
+                    compiled = self.compile_attention
+                    if compiled is None:
+                        compiled = device == "cuda"
+                    self._flex = (device, torch.compile(flex_attention) if compiled else flex_attention)
+        return self._flex[1]
+
     # ------------------------------------------------------------------ query padding
     def padded_rows(self, n: int) -> int:
         """The row count to run a forward of `n` new entries at (>= n). The first call measures, whatever
@@ -132,8 +177,9 @@ class ModelRuntime:
         """The fixed-shape runner, made anew when the model was moved or cast since the last one."""
         found, placement = self._graphed, self.placement
         if found is None or (found.device, found.dtype) != placement:
+            attend = self.flex  # resolved before the lock, which `flex` takes itself
             with self._lock:
                 found = self._graphed
                 if found is None or (found.device, found.dtype) != placement:
-                    found = self._graphed = GraphedForward(self.model)
+                    found = self._graphed = GraphedForward(self.model, attend)
         return found

@@ -6,7 +6,9 @@ is called with a `RowBatchCache`, whose `update` stores every row's new keys/val
 pool (kv_pool.py) with one write per layer, and an attention function registered with transformers'
 `AttentionInterface` runs one attention call per layer for all rows: their histories gathered from the
 pool by one index, their masks (tree structure + the layer's sliding window, masks.py's rules) built
-once per forward. No Python loop over rows runs inside a layer.
+once per forward. No Python loop over rows runs inside a layer. With attention="pool"
+(model_runtime.py) nothing is gathered: one FlexAttention call per layer reads the pool's storage
+itself through a block mask over its slots, built once per forward (`_pool_attention`).
 
 Per forward, not per model: the model's config names the registered implementation ("seed_tot+sdpa" /
 "seed_tot+eager") only while a batched forward of it runs or an engine's scheduler has calls (`hold`
@@ -27,7 +29,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .host_to_device import to_device
-from .masks import AttentionLayout
+from .masks import AttentionLayout, pool_block_masks
 
 PREFIX = "seed_tot+"
 # Stock modules that append to the cache with `past_key_values.update` and then call
@@ -83,8 +85,12 @@ class RowBatchCache(Cache):
     def __init__(self, config, pool, write_slots: torch.Tensor, read_index: torch.Tensor, masks: dict,
                  windows: list[int | None], history: int, *, rows: int, width: int, n_query: int, n_write: int,
                  one_each: bool, q_index: torch.Tensor | None = None, out_index: torch.Tensor | None = None,
-                 valid: torch.Tensor | None = None, shared: int = 0, shared_slots=None):
+                 valid: torch.Tensor | None = None, shared: int = 0, shared_slots=None,
+                 block_masks: dict | None = None, attend=None):
         super().__init__(layers=[])
+        # attention="pool": {window: BlockMask} over the pool's slots (masks.pool_block_masks) and the
+        # FlexAttention function that reads the pool with them (ModelRuntime.flex); None: gather
+        self.block_masks, self.attend = block_masks, attend
         self.shared, self.shared_slots = shared, shared_slots  # the history every row holds in the same slots
         self.config, self.pool, self.masks, self.windows, self.history = config, pool, masks, windows, history
         self.write_slots, self.read_index = write_slots, read_index
@@ -95,11 +101,12 @@ class RowBatchCache(Cache):
 
     @classmethod
     def packed(cls, config, pool, plan, n_new: list[int], starts: list[int], n_query: int, masks: dict,
-               windows: list[int | None], history: int) -> "RowBatchCache":
-        """The cache of a forward of exactly these rows (padding queries, if any, reach no storage)."""
+               windows: list[int | None], history: int, attend=None) -> "RowBatchCache":
+        """The cache of a forward of exactly these rows (padding queries, if any, reach no storage).
+        attend: attention="pool"'s FlexAttention function; `pool_masks` then adds the block masks."""
         rows, width = len(n_new), max(n_new)
         layout = dict(rows=rows, width=width, n_query=n_query, n_write=sum(n_new), shared=plan.shared,
-                      shared_slots=plan.shared_slots)
+                      shared_slots=plan.shared_slots, attend=attend)
         # a decode step (one entry per row) is already in [rows, 1] order: no unpacking to index
         if all(n == 1 for n in n_new):
             return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=True,
@@ -113,6 +120,13 @@ class RowBatchCache(Cache):
                    q_index=to_device(q_index.reshape(-1), device), out_index=to_device(out_index, device),
                    valid=to_device(valid, device),
                    **layout)
+
+    def pool_masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> None:
+        """Build, once for the forward, the block masks that attention="pool" reads the pool with, from the
+        same row metadata the additive masks come from (masks.py); the cells' layout is this cache's."""
+        out_index = None if self.one_each else self.out_index
+        self.block_masks = pool_block_masks(allowed, query_pos, key_pos, self.read_index, out_index, self.n_query,
+                                            self.pool.capacity, set(self.windows))
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         n = self.n_write  # a packed forward's padding queries' entries are never stored
@@ -140,6 +154,8 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
             return _row_attention(batch, module, query, attention_mask, scaling, dropout, softcap, **kwargs)
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported by row attention")
+    if batch.block_masks is not None:
+        return _pool_attention(batch, module, query, scaling, softcap)
     _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
     rows, width = batch.rows, batch.width
     scaling = head_dim ** -0.5 if scaling is None else scaling
@@ -173,6 +189,42 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
     return _packed_output(batch, out, decode, n_query)
+
+
+def _pool_attention(batch: RowBatchCache, module, query: torch.Tensor, scaling: float | None,
+                    softcap: float | None):
+    """attention="pool": every packed query against the pool's storage itself, no row's history gathered.
+    One FlexAttention call over [1, H, n_query, D] queries and the layer's whole pool [1, kv_heads,
+    slots, D] (a view of the storage), the block mask saying which slots each query sees
+    (masks.pool_block_masks): the kernel reads only the pool tiles some query of its query tile sees,
+    so a prompt that forked rows hold in common is read once per query tile. Same arithmetic as the
+    model's own implementation: scale, Gemma-2's soft-cap (a score_mod), the softmax in float32.
+    A padding query sees nothing and gets zeros (its output is dropped)."""
+    layer = module.layer_idx
+    # [1, kv_heads, slots, D]: views of the storage, nothing copied; detached (queries too), since a
+    # forward run with autograd on records its writes into the storage, and FlexAttention's CPU kernel
+    # refuses inputs that need grad even under no_grad
+    keys = batch.pool.keys[layer].detach().permute(1, 0, 2)[None]
+    values = batch.pool.values[layer].detach().permute(1, 0, 2)[None]
+    score_mod = None
+    if softcap is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
+    block_mask = batch.block_masks[batch.windows[layer]]
+    out = batch.attend(query.detach(), keys, values, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                       enable_gqa=query.shape[1] != keys.shape[1])
+    return out.transpose(1, 2), None  # [1, n_query, H, D]: the packed layout the model expects
+
+
+def pool_refusal(model) -> str | None:
+    """Why attention="pool" cannot serve `model` exactly (None: it can). Checked once per runtime, before
+    any forward; a refused model runs the gather path (ModelRuntime.flex logs it once). Every model row
+    attention serves is one the pool path serves: what FlexAttention cannot express (ALiBi, attention
+    sinks, GPT-2's reordered upcast) is already outside `serves` or refused per call (sinks)."""
+    if not serves(model):
+        return ("its attention does not go through transformers' attention interface with the pool's "
+                "cache (or keeps its own upcast path): it runs the copying batched path")
+    return None
 
 
 def _shared_history_attention(batch: RowBatchCache, layer: int, q: torch.Tensor, mask: torch.Tensor | None,
