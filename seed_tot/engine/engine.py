@@ -9,6 +9,7 @@ from typing import Sequence as Seq
 
 import torch
 
+from .compiled_forward import CompileSettings
 from .masks import UnsupportedAttention
 from .model_runtime import ModelRuntime
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
@@ -32,12 +33,14 @@ class Engine:
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
-                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30):
+                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30,
+                 compile: CompileSettings = CompileSettings()):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
-        # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model
-        self.target_runtime = ModelRuntime(self.target)
-        self.draft_runtime = ModelRuntime(self.draft) if self.draft is not None else None
+        # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model;
+        # `compile`: whether their fixed-shape forwards are compiled (compiled_forward.py; default on CUDA)
+        self.target_runtime = ModelRuntime(self.target, compile)
+        self.draft_runtime = ModelRuntime(self.draft, compile) if self.draft is not None else None
         self.tokenizer = tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)

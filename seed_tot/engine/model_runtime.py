@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from . import row_attention
+from .compiled_forward import CompileSettings
 from .graphed_forward import GraphedForward
 from .kv_pool import KVPool
 from .masks import AttentionLayout
@@ -29,8 +30,9 @@ from .query_padding import measure_padding
 class ModelRuntime:
     """One model and the state the engine keeps about it (see the module doc)."""
 
-    def __init__(self, model):
+    def __init__(self, model, compile: CompileSettings = CompileSettings()):
         self.model = model
+        self.compile = compile  # whether its fixed-shape forwards are compiled (compiled_forward.py)
         self._lock = threading.Lock()  # for what is made on first use: threads forward one model at once
         self._layout: AttentionLayout | None = None
         self._windows: list[int | None] | None = None
@@ -129,11 +131,12 @@ class ModelRuntime:
         return self._graphed
 
     def graph_runner(self) -> GraphedForward:
-        """The fixed-shape runner, made anew when the model was moved or cast since the last one."""
+        """The fixed-shape runner, made anew when the model was moved or cast, or its compile setting
+        changed, since the last one."""
         found, placement = self._graphed, self.placement
-        if found is None or (found.device, found.dtype) != placement:
+        if found is None or (found.device, found.dtype) != placement or found.compile_settings != self.compile:
             with self._lock:
                 found = self._graphed
-                if found is None or (found.device, found.dtype) != placement:
-                    found = self._graphed = GraphedForward(self.model)
+                if found is None or (found.device, found.dtype) != placement or found.compile_settings != self.compile:
+                    found = self._graphed = GraphedForward(self.model, self.compile)
         return found
