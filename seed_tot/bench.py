@@ -420,9 +420,12 @@ def synthetic_banner(preset: str, alpha: float) -> str:
                    "llama2-7b+llama-160m, qwen2-1.5b+qwen2-0.5b or tiny (seed_tot.synthetic.PRESETS).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
+@click.option("--compile", "compile_forwards", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="Compile the fixed-shape forwards with torch.compile (inductor), one compile "
+                                      "per bucket: auto = on CUDA (docs/engine.md).")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
-          synthetic, alpha, jsonl_file):
+          synthetic, alpha, jsonl_file, compile_forwards="auto"):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, DecodeSpec(k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                                           draft_batch=draft_batch))
@@ -445,6 +448,8 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         click.echo(synthetic_banner(synthetic, alpha))
     else:
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs])
+    from seed_tot.engine.compiled_forward import CompileSettings  # torch: imported once a bench runs
+    engine.set_compile(CompileSettings(enabled={"auto": None, "on": True, "off": False}[compile_forwards]))
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None

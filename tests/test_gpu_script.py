@@ -1,5 +1,6 @@
 """benchmarks/gpu.sh --smoke: the GPU benchmark's steps, on the tiny preset on the CPU, without
-`datasets` installed, report a row for every mode of every step as that mode finishes."""
+`datasets` installed, report a row for every mode of every step as that mode finishes, after the step
+table's figures (eager, graphed and compiled per bucket, with compile times)."""
 from __future__ import annotations
 
 import json
@@ -36,6 +37,25 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
     assert all(r["matches_ar"] for r in rows), [(r["workload"], r["label"]) for r in rows if not r["matches_ar"]]
     for workload in STEPS:  # each step's whole JSON document too, not only the streamed rows
         assert [m["label"] for m in json.loads((out / f"{workload}.json").read_text())["modes"]] == STEPS[workload]
+    # each mode's printed row carries the target's busy share (the SEED paper's Fig. 4 figure)
+    assert proc.stdout.count("target busy") >= len(STEPS) and all("target_busy_fraction" in r for r in rows)
+    assert_step_table(proc.stdout, out / "step-table.jsonl")
+
+
+def assert_step_table(stdout: str, path) -> None:
+    """The step table comes first, one line per figure, each printed as it was measured: per bucket the
+    eager, graphed and compiled step against the bandwidth floor, and the compile time of the bucket."""
+    assert stdout.index("== step-table") < stdout.index("== thoughts")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(json.dumps(line) in stdout for line in lines)  # to the screen too
+    assert lines[0]["bandwidth_source"] == "measured copy" and lines[0]["bandwidth_gb_s"] > 0
+    assert lines[1]["model"] == "tiny" and lines[1]["floor_ms"] > 0
+    figures = lines[2:]
+    assert [(f["width"], f["way"]) for f in figures] == [(w, way) for w in (1, 4) for way in ("eager", "graphed", "compiled")]
+    assert all(f["rows"] == 1 and 0 < f["floor_share"] and f["ms"] > 0 for f in figures)
+    compiled = [f for f in figures if f["way"] == "compiled"]
+    assert all(len(f["compile_s"]) == 1 and f["fell_back"] == 0 for f in compiled)  # one bucket compiled each
+    assert all(f["same_tokens"] for f in figures if f["way"] != "eager")  # float32: exact
 
 
 def test_the_gpu_step_probe_profiles_the_engines_step_on_the_cpu_preset():

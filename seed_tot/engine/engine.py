@@ -73,6 +73,13 @@ class Engine:
             self.forward_thread.threads.work = model_work(self.target)
             self.forward_thread.threads.recheck()
 
+    def set_compile(self, settings: CompileSettings) -> None:
+        """Whether both models' fixed-shape forwards are compiled from their next forward on
+        (compiled_forward.py); a runtime whose setting changes starts a new fixed-shape runner."""
+        for runtime in (self.target_runtime, self.draft_runtime):
+            if runtime is not None:
+                runtime.compile = settings
+
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
