@@ -21,8 +21,10 @@ and values land in the scratch slot only, and its logits are dropped; every othe
 per entry. On CUDA the graph's warm-up and capture run on the first step of a bucket, and every later
 step of that bucket replays it; growth of the pool reallocates the storage the graph points into, so
 its graphs are dropped and captured again. On the CPU the same static path runs eagerly (no capture),
-and only where asked (`forward_batch(..., fixed_shapes=True)`): padding adds arithmetic there, with
-no launch cost to save, so the CPU default stays the exact-size packed forward.
+and only where asked (`forward_batch(..., fixed_shapes=True)`, or compiled forwards): padding adds
+arithmetic there, with no launch cost to save, so the CPU default stays the exact-size packed forward.
+Where the runtime compiles (compiled_forward.py; on CUDA by default), the bucket's forward is the
+inductor-compiled one, and the captured graph records its fused kernels.
 
 What a graph cannot serve runs at its exact size (`bucket` returns None): a drafter's target features
 (an extra per-row input), a model with hidden-state capture hooks (Python a replay would skip), a
