@@ -90,3 +90,18 @@ def test_compile_is_on_by_default_on_cuda_only_and_settings_are_checked():
     assert runtime.graph_runner().compiled is None  # CPU default: no compile
     runtime.compile = SETTINGS
     assert runtime.graph_runner().compiled is not None  # the setting changed: a new runner
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a GPU machine runs it)")
+def test_on_cuda_the_captured_graphs_replay_compiled_kernels_and_give_the_target_alones_tokens():
+    """On CUDA compiling is the default: the bucket's graph is captured around the compiled forward."""
+    target = _target("llama")
+    draft = noisy_copy(target, 0.003)
+    ref = reference_greedy(target, PROMPT, NEW)  # on the CPU: the reference
+    engine = Engine(target.cuda(), draft.cuda())
+    params = SamplingParams(max_new_tokens=NEW, temperature=0)
+    for mode in ("ar", "parallel", "seed"):
+        assert engine.generate([PROMPT], params, mode=mode)[0].token_ids == ref, mode
+    graphed = engine.target_runtime.graphed
+    assert graphed.compiled is not None and graphed.compiled.compile_seconds and graphed.compiled.failures == 0
+    assert graphed.refused is None and graphed.captures and graphed.replays > graphed.captures

@@ -70,8 +70,8 @@ def _call(model, inputs: dict):
 class CompiledForward:
     """The compiled fixed-shape forwards of one model (owned by its GraphedForward)."""
 
-    def __init__(self, name: str, device: torch.device, settings: CompileSettings):
-        self.name, self.device, self.settings = name, device, settings  # name: the model's class, for the log
+    def __init__(self, name: str, settings: CompileSettings):
+        self.name, self.settings = name, settings  # name: the model's class, for the log
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
@@ -91,9 +91,8 @@ class CompiledForward:
         except Exception as exc:  # noqa: BLE001 - any compile failure: the stock forward is exact
             self._refuse(shape, exc)
             return model(**inputs)
-        if first:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the first run's kernels belong to its time
+        if first:  # host time: the compile is seconds, the run's queued kernels milliseconds (no sync:
+            # a step synchronises once, in its verification)
             self.compile_seconds[shape] = seconds = time.perf_counter() - start
             log.info("compiled %s's forward at %s in %.1f s", self.name, shape, seconds)
         return out

@@ -135,7 +135,7 @@ class GraphedForward:
         self.device, self.dtype = model.device, model.dtype  # no reference to the model: it owns this
         # the bucket's forward compiled by inductor (compiled_forward.py); None: the stock forward
         self.compile_settings = compile
-        self.compiled = (CompiledForward(type(model).__name__, self.device, compile)
+        self.compiled = (CompiledForward(type(model).__name__, compile)
                          if compile.on(self.device) else None)
         self.graphs_on = self.device.type == "cuda"
         self.refused = graph_refusal(model) if self.graphs_on else None
