@@ -55,8 +55,9 @@ if [ "$smoke" = 1 ]; then
   table_models="${TABLE_MODELS:-tiny}" table_args=(--rows 1 --widths 1,4 --steps 3)
   data="${GSM8K_DATA:-$root/tests/fixtures/gsm8k_small.jsonl}"
 else
-  # Sized for one 10-minute device call: the step table first (the compiles take most of its cap: the
-  # decode buckets come first, so a cap that cuts it loses the tree buckets), then 16 new tokens per
+  # Sized for one 10-minute device call: the step table first (the compiles take most of its cap, and
+  # come after every eager and graphed figure, the decode buckets first: a cap that cuts the table cuts
+  # the last compiles only), then 16 new tokens per
   # sequence (the first GPU table used 16), one warm-up and one timed run per mode; the caps
   # (seconds per step) add up to 8.5 minutes.
   preset="${PRESET:-llama2-7b+llama-160m}" device="${DEVICE:-cuda}" tokens="${TOKENS:-16}" tot_tokens="${TOT_TOKENS:-16}"

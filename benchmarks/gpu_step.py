@@ -5,7 +5,8 @@
         its exact size, graphed (the bucketed forward replayed as a CUDA graph) and compiled (the same,
         its kernels compiled by inductor: engine/compiled_forward.py), each as the share of the
         bandwidth floor (the weights' bytes read once at the device's bandwidth), and each bucket's
-        compile time; one JSON line per figure as it is measured. Runs on a CPU too (graphed and
+        compile time; one JSON line per figure as it is measured, every eager and graphed figure
+        before the first compile. Runs on a CPU too (graphed and
         compiled then run the bucketed forward eagerly), as the smoke test of the script
     python benchmarks/gpu_step.py graphs --models tiny,160m,1.1b,7b
         per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
@@ -166,24 +167,26 @@ def table(args) -> None:
         compiled = ModelRuntime(model, CompileSettings(enabled=True, mode=args.compile_mode))
         print(json.dumps(dict(model=name, weights_gb=round(weights / 1e9, 3), floor_ms=round(floor_ms, 3))), flush=True)
         fixed = None if device == "cuda" else True  # off CUDA: the buckets run eagerly, when asked
-        for width in args.widths:
-            for n_rows in args.rows:
-                tree = width == len(TREE[0])
-                bucket = dict(model=name, rows=n_rows, width=width)
-                eager_ms, want = _steps(plain, n_rows, False, tree, args.steps)
-                print(json.dumps(dict(bucket, way="eager", ms=round(eager_ms, 3),
-                                      floor_share=round(floor_ms / eager_ms, 3))), flush=True)
-                for way, runtime in (("graphed", plain), ("compiled", compiled)):
-                    before = dict(runtime.graph_runner().compiled.compile_seconds) if way == "compiled" else {}
-                    ms, got = _steps(runtime, n_rows, fixed, tree, args.steps)
-                    line = dict(bucket, way=way, ms=round(ms, 3), floor_share=round(floor_ms / ms, 3),
-                                same_tokens=got == want)
-                    if way == "compiled":  # the buckets this figure compiled (prefills stay uncompiled)
-                        runner = runtime.graphed.compiled
-                        line.update(compile_s={"x".join(map(str, s)): round(t, 2)
-                                               for s, t in runner.compile_seconds.items() if s not in before},
-                                    fell_back=runner.failures)
-                    print(json.dumps(line), flush=True)
+        # eager and graphed for every bucket first (seconds), then the compiled step bucket by bucket
+        # (a compile each, the decode buckets first): a time cap that cuts the table cuts compiles only
+        buckets = [(n_rows, width) for width in args.widths for n_rows in args.rows]
+        eager_tokens = {}
+        for way, runtime, fixed_shapes in (("eager", plain, False), ("graphed", plain, fixed), ("compiled", compiled, fixed)):
+            for n_rows, width in buckets:
+                before = dict(runtime.graph_runner().compiled.compile_seconds) if way == "compiled" else {}
+                ms, tokens = _steps(runtime, n_rows, fixed_shapes, width == len(TREE[0]), args.steps)
+                line = dict(model=name, rows=n_rows, width=width, way=way, ms=round(ms, 3),
+                            floor_share=round(floor_ms / ms, 3))
+                if way == "eager":
+                    eager_tokens[n_rows, width] = tokens
+                else:
+                    line.update(same_tokens=tokens == eager_tokens[n_rows, width])
+                if way == "compiled":  # the buckets this figure compiled (prefills stay uncompiled)
+                    runner = runtime.graphed.compiled
+                    line.update(compile_s={"x".join(map(str, s)): round(t, 2)
+                                           for s, t in runner.compile_seconds.items() if s not in before},
+                                fell_back=runner.failures)
+                print(json.dumps(line), flush=True)
         del plain, compiled, model
         if device == "cuda":
             torch.cuda.empty_cache()
