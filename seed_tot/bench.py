@@ -469,6 +469,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
             make = tot_step_workload if workload == "tot-step" else thoughts_workload
             run, description = make(engine, data, params)
         header = _header(engine, synth, workload, description, temperature, repeats, warmup)
+        header["compile"] = {"setting": compile_forwards}  # and, after the run, what each model compiled
         stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream, params=params)
@@ -485,6 +486,14 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if (note := few_repeats_warning(repeats)) is not None:
         click.echo(note, err=True)
+    from seed_tot.engine.compiled_forward import compile_report
+    for role in ("target", "draft"):
+        runtime = getattr(engine, f"{role}_runtime", None)
+        if runtime is not None:
+            stream.header["compile"][role] = report = compile_report(runtime)
+            if report["buckets"] or report["failures"]:
+                click.echo(f"compiled {role} forwards: {report['buckets']} buckets in {report['seconds']:.1f} s "
+                           f"(each bucket's first run), {report['failures']} failed to compile")
     if json_file:
         stream.write(rows)
         click.echo(f"results written to {json_file}", err=True)

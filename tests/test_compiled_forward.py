@@ -9,6 +9,7 @@ steps and the seed chains' verification, prefills uncompiled), because each buck
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
@@ -105,3 +106,29 @@ def test_on_cuda_the_captured_graphs_replay_compiled_kernels_and_give_the_target
     graphed = engine.target_runtime.graphed
     assert graphed.compiled is not None and graphed.compiled.compile_seconds and graphed.compiled.failures == 0
     assert graphed.refused is None and graphed.captures and graphed.replays > graphed.captures
+
+
+def test_bench_compiles_when_asked_and_reports_what_each_model_compiled(monkeypatch, tmp_path):
+    """`seed-tot bench --compile on` reaches both runtimes; its JSON and closing line say what compiled
+    (here every compile fails, so the report must count failures and the rows still match `ar`)."""
+    from click.testing import CliRunner
+
+    from seed_tot.cli import main
+
+    def failing_compile(function, **_kwargs):
+        def run(*_args):
+            raise RuntimeError("no compiler for this test")
+        return run
+
+    monkeypatch.setattr(compiled_forward.torch, "compile", failing_compile)
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--synthetic", "tiny", "--device", "cpu", "--modes", "ar,seed",
+                                       "--max-new-tokens", "3", "--repeats", "1", "--warmup", "0", "--compile", "on",
+                                       "--json", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["compile"]["setting"] == "on"
+    assert report["compile"]["target"]["failures"] >= 1 and report["compile"]["draft"]["failures"] >= 1
+    assert report["compile"]["target"]["buckets"] == 0
+    assert "compiled target forwards: 0 buckets" in result.stdout
+    assert all(row["matches_ar"] for row in report["modes"])

@@ -118,3 +118,14 @@ class CompiledForward:
                         self.name, shape, self.refused[shape])
         else:
             log.debug("%s's forward at %s runs uncompiled: %s", self.name, shape, self.refused[shape])
+
+
+def compile_report(runtime) -> dict:
+    """What a model runtime (model_runtime.py) compiled so far: buckets compiled, their first-run seconds in
+    all, and buckets that run uncompiled (the bench's JSON and its closing line)."""
+    graphed = runtime.graphed
+    compiled = graphed.compiled if graphed is not None else None
+    if compiled is None:
+        return dict(buckets=0, seconds=0.0, uncompiled=0, failures=0)
+    return dict(buckets=len(compiled.compile_seconds), seconds=round(sum(compiled.compile_seconds.values()), 2),
+                uncompiled=len(compiled.refused), failures=compiled.failures)
