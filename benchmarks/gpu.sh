@@ -57,9 +57,8 @@ if [ "$smoke" = 1 ]; then
 else
   # Sized for one 10-minute device call: the step table first (the compiles take most of its cap, and
   # come after every eager and graphed figure, the decode buckets first: a cap that cuts the table cuts
-  # the last compiles only), then 16 new tokens per
-  # sequence (the first GPU table used 16), one warm-up and one timed run per mode; the caps
-  # (seconds per step) add up to 8.5 minutes.
+  # the last compiles only), then 16 new tokens per sequence (the first GPU table used 16), one
+  # warm-up and one timed run per mode; the caps (seconds per step) add up to 8.5 minutes.
   preset="${PRESET:-llama2-7b+llama-160m}" device="${DEVICE:-cuda}" tokens="${TOKENS:-16}" tot_tokens="${TOT_TOKENS:-16}"
   repeats="${REPEATS:-1}" warmup="${WARMUP:-1}" caps=(210 75 120 100)
   table_models="${TABLE_MODELS:-7b}" table_args=()
