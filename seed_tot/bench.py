@@ -448,8 +448,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         click.echo(synthetic_banner(synthetic, alpha))
     else:
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs])
-    from seed_tot.engine.compiled_forward import CompileSettings  # torch: imported once a bench runs
-    engine.set_compile(CompileSettings(enabled={"auto": None, "on": True, "off": False}[compile_forwards]))
+    engine.set_compile({"auto": None, "on": True, "off": False}[compile_forwards])
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None

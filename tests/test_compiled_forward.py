@@ -87,6 +87,9 @@ def test_compile_is_on_by_default_on_cuda_only_and_settings_are_checked():
         CompileSettings(mode="reduce-overhead")
     with pytest.raises(ValueError, match="max_width"):
         CompileSettings(max_width=-1)
+    assert CompileSettings.of(True) == CompileSettings(enabled=True) and CompileSettings.of(None) == CompileSettings()
+    with pytest.raises(TypeError, match="compile must be"):
+        CompileSettings.of("yes")
     runtime = ModelRuntime(_target("llama"))
     assert runtime.graph_runner().compiled is None  # CPU default: no compile
     runtime.compile = SETTINGS

@@ -58,6 +58,15 @@ class CompileSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"compile {name} must be a non-negative integer, got {value!r}")
 
+    @classmethod
+    def of(cls, value: "CompileSettings | bool | None") -> "CompileSettings":
+        """Settings from what a caller passes: settings, or True / False / None for `enabled` alone."""
+        if isinstance(value, cls):
+            return value
+        if value is None or isinstance(value, bool):
+            return cls(enabled=value)
+        raise TypeError(f"compile must be a CompileSettings, True, False or None (on CUDA only), got {value!r}")
+
     def on(self, device: torch.device) -> bool:
         return self.enabled if self.enabled is not None else device.type == "cuda"
 

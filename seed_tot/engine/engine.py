@@ -34,11 +34,12 @@ class Engine:
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
                  prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30,
-                 compile: CompileSettings = CompileSettings()):
+                 compile: "CompileSettings | bool | None" = None):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
         # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model;
         # `compile`: whether their fixed-shape forwards are compiled (compiled_forward.py; default on CUDA)
+        compile = CompileSettings.of(compile)
         self.target_runtime = ModelRuntime(self.target, compile)
         self.draft_runtime = ModelRuntime(self.draft, compile) if self.draft is not None else None
         self.tokenizer = tokenizer
@@ -73,9 +74,11 @@ class Engine:
             self.forward_thread.threads.work = model_work(self.target)
             self.forward_thread.threads.recheck()
 
-    def set_compile(self, settings: CompileSettings) -> None:
+    def set_compile(self, settings: "CompileSettings | bool | None") -> None:
         """Whether both models' fixed-shape forwards are compiled from their next forward on
-        (compiled_forward.py); a runtime whose setting changes starts a new fixed-shape runner."""
+        (compiled_forward.py; True / False / None: on CUDA only); a runtime whose setting changes
+        starts a new fixed-shape runner."""
+        settings = CompileSettings.of(settings)
         for runtime in (self.target_runtime, self.draft_runtime):
             if runtime is not None:
                 runtime.compile = settings
