@@ -47,7 +47,7 @@ class CompileSettings:
     # row (prefill chunks, whose matrix products dwarf what fusion saves) and buckets past the first
     # `max_buckets` of a model run the stock forward (still graphed on CUDA).
     max_width: int = 8
-    max_buckets: int = 48
+    max_buckets: int = 16
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
