@@ -1,5 +1,13 @@
 """Where a decode step's time goes on a GPU (issue 40): the probes behind the journal's first GPU table.
 
+    python benchmarks/gpu_step.py table --models 7b
+        the step table: per bucket (1, 8, 32 rows; 1 and 4 query entries per row) the step eagerly at
+        its exact size, graphed (the bucketed forward replayed as a CUDA graph) and compiled (the same,
+        its kernels compiled by inductor: engine/compiled_forward.py), each as the share of the
+        bandwidth floor (the weights' bytes read once at the device's bandwidth), and each bucket's
+        compile time; one JSON line per figure as it is measured, every eager and graphed figure
+        before the first compile. Runs on a CPU too (graphed and
+        compiled then run the bucketed forward eagerly), as the smoke test of the script
     python benchmarks/gpu_step.py graphs --models tiny,160m,1.1b,7b
         per model size and row count: one batched decode step (and a 4-entry tree step) eagerly at
         its exact size against the bucketed forward replayed as a CUDA graph, median of the steps,
@@ -12,7 +20,7 @@
         the CUDA kernels of the same forwards run eagerly at their fixed shapes, by total time
 
 Random weights of the real shapes, bf16 (fp32 for `tiny`); prints each result as it comes. Needs CUDA
-(`profile` also runs on a CPU, without the kernel table, as a smoke test of the script).
+(`table` and `profile` also run on a CPU, as smoke tests of the script; `profile` without the kernel table).
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import torch
 import transformers as tf
 
 from seed_tot.engine import SamplingParams, graphed_forward
+from seed_tot.engine.compiled_forward import CompileSettings
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from seed_tot.engine.model_runtime import ModelRuntime
 from seed_tot.synthetic import build_synthetic_engine
@@ -45,12 +54,30 @@ SHAPES = {
 TREE = ([10, 11, 12, 13], [-1, 0, 0, 2])  # a 4-entry draft tree: root, two children, a grandchild
 
 
+# Peak memory bandwidth (bytes/s) by device name, from the vendors' data sheets; the first entry whose
+# words all appear in torch.cuda.get_device_name() wins (more specific names first). A device not
+# listed is priced by a measured device-to-device copy instead (`bandwidth` says which).
+PEAK_BANDWIDTH = [("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),
+                  ("GH200", 4.0e12), ("A100 PCIe 40GB", 1.555e12), ("A100 SXM4 40GB", 1.555e12),
+                  ("A100 PCIe", 1.935e12), ("A100", 2.039e12), ("L40S", 0.864e12), ("L4", 0.3e12),
+                  ("A10G", 0.6e12), ("A10", 0.6e12), ("RTX 4090", 1.008e12), ("B200", 8.0e12)]
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _model(name: str):
     torch.manual_seed(0)
     config = tf.LlamaConfig(**SHAPES[name], max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
                             pad_token_id=None)
     config._attn_implementation = "sdpa"
-    with torch.device("cuda"):
+    with torch.device(_device()):
         return tf.LlamaForCausalLM(config).to(torch.float32 if name == "tiny" else torch.bfloat16).eval()
 
 
@@ -73,7 +100,7 @@ def _steps(runtime: ModelRuntime, n_rows: int, fixed, tree: bool, steps: int = 2
     last, times, out = [5 + r for r in range(n_rows)], [], []
     for s in range(warm + steps):
         caches = [kv.fork() for kv in rows] if tree else rows
-        torch.cuda.synchronize()
+        _sync()
         start = time.perf_counter()
         if tree:
             logits = forward_batch(runtime, caches, [TREE[0]] * n_rows, [TREE[1]] * n_rows, fixed_shapes=fixed)
@@ -105,6 +132,69 @@ def graphs(args) -> None:
             del runtime
             torch.cuda.empty_cache()
         del model
+
+
+def bandwidth() -> tuple[float, str]:
+    """The device's memory bandwidth in bytes/s and where it comes from: the peak table by the CUDA
+    device's name, else a measured copy (a 1 GiB device-to-device copy on CUDA, 256 MiB on the CPU:
+    each byte read once and written once)."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for words, peak in PEAK_BANDWIDTH:
+            if all(w in name for w in words.split()):
+                return peak, f"peak of {words} (data sheet)"
+    n = (1 << 30) if torch.cuda.is_available() else (1 << 28)
+    src = torch.empty(n, dtype=torch.uint8, device=_device())
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        _sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync()
+        times.append(time.perf_counter() - start)
+    return 2 * n / min(times), "measured copy"
+
+
+def table(args) -> None:
+    """The step table (see the module doc): one JSON line per measured figure, as it comes."""
+    device = _device()
+    peak, source = bandwidth()
+    print(json.dumps(dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                          transformers=tf.__version__, bandwidth_gb_s=round(peak / 1e9, 1), bandwidth_source=source)),
+          flush=True)
+    for name in args.models.split(","):
+        model = _model(name)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        floor_ms = 1e3 * weights / peak
+        # one runtime per way of running the bucketed forward: each keeps its own runner (and pool)
+        plain = ModelRuntime(model, compile=CompileSettings(enabled=False))
+        compiled = ModelRuntime(model, compile=CompileSettings(enabled=True, mode=args.compile_mode))
+        print(json.dumps(dict(model=name, weights_gb=round(weights / 1e9, 3), floor_ms=round(floor_ms, 3))), flush=True)
+        fixed = None if device == "cuda" else True  # off CUDA: the buckets run eagerly, when asked
+        # eager and graphed for every bucket first (seconds), then the compiled step bucket by bucket
+        # (a compile each, the decode buckets first): a time cap that cuts the table cuts compiles only
+        buckets = [(n_rows, width) for width in args.widths for n_rows in args.rows]
+        eager_tokens = {}
+        for way, runtime, fixed_shapes in (("eager", plain, False), ("graphed", plain, fixed), ("compiled", compiled, fixed)):
+            for n_rows, width in buckets:
+                before = dict(runtime.graph_runner().compiled.compile_seconds) if way == "compiled" else {}
+                ms, tokens = _steps(runtime, n_rows, fixed_shapes, width == len(TREE[0]), args.steps)
+                line = dict(model=name, rows=n_rows, width=width, way=way, ms=round(ms, 3),
+                            floor_share=round(floor_ms / ms, 3))
+                if way == "eager":
+                    eager_tokens[n_rows, width] = tokens
+                else:
+                    line.update(same_tokens=tokens == eager_tokens[n_rows, width])
+                if way == "compiled":  # the buckets this figure compiled (prefills stay uncompiled)
+                    runner = runtime.graphed.compiled
+                    line.update(compile_s={"x".join(map(str, s)): round(t, 2)
+                                           for s, t in runner.compile_seconds.items() if s not in before},
+                                fell_back=runner.failures)
+                print(json.dumps(line), flush=True)
+        del plain, compiled, model
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def profile(args) -> None:
@@ -143,6 +233,13 @@ def profile(args) -> None:
         print(kernels.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(int(v) for v in text.split(","))
+    if any(v < 1 for v in values) or not values:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="probe", required=True)
@@ -150,14 +247,22 @@ def main(argv=None) -> None:
     g.add_argument("--models", default="tiny,1.1b,7b", help=f"comma-separated, from {', '.join(SHAPES)}")
     g.add_argument("--attention", default="gather",
                    help="comma-separated attention paths to time, from gather, pool (model_runtime.py)")
+    t = sub.add_parser("table", help="eager, graphed and compiled steps per bucket against the bandwidth floor")
+    t.add_argument("--models", default="7b", help=f"comma-separated, from {', '.join(SHAPES)}")
+    t.add_argument("--rows", type=_ints, default=(1, 8, 32), help="row counts, comma-separated")
+    t.add_argument("--widths", type=_ints, default=(1, 4), help="query entries per row: 1 (decode), 4 (a tree)")
+    t.add_argument("--steps", type=int, default=24, help="timed steps per figure (the median is printed)")
+    t.add_argument("--compile-mode", default="default", help="inductor's mode (compiled_forward.MODES)")
     p = sub.add_parser("profile", help="the engine's step: timing, host profile, kernel table")
     p.add_argument("--preset", default="llama2-7b+llama-160m")
     p.add_argument("--rows", type=int, default=9)
     p.add_argument("--prompt-len", type=int, default=200)
     args = parser.parse_args(argv)
+    if args.probe == "table" and set(args.widths) - {1, len(TREE[0])}:
+        parser.error(f"--widths: 1 (a decode step) and {len(TREE[0])} (the probe's tree) only")
     if args.probe == "graphs" and not torch.cuda.is_available():
         parser.error("graphs needs a CUDA device")
-    (graphs if args.probe == "graphs" else profile)(args)
+    {"graphs": graphs, "table": table, "profile": profile}[args.probe](args)
 
 
 if __name__ == "__main__":

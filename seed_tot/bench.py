@@ -429,9 +429,12 @@ def synthetic_banner(preset: str, alpha: float) -> str:
                    "replay-NAME: the target replays a recorded real run's text (seed_tot/replay.py).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
+@click.option("--compile", "compile_forwards", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="Compile the fixed-shape forwards with torch.compile (inductor), one compile "
+                                      "per bucket: auto = on CUDA (docs/engine.md).")
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
-          synthetic, alpha, jsonl_file):
+          synthetic, alpha, jsonl_file, compile_forwards="auto"):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, DecodeSpec(k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                                           draft_batch=draft_batch))
@@ -454,6 +457,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         click.echo(synthetic_banner(synthetic, alpha))
     else:
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs])
+    engine.set_compile({"auto": None, "on": True, "off": False}[compile_forwards])
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None
@@ -473,6 +477,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
             make = tot_step_workload if workload == "tot-step" else thoughts_workload
             run, description = make(engine, data, params)
         header = _header(engine, synth, workload, description, temperature, repeats, warmup)
+        header["compile"] = {"setting": compile_forwards}  # and, after the run, what each model compiled
         stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream, params=params)
@@ -491,6 +496,14 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if (note := few_repeats_warning(repeats)) is not None:
         click.echo(note, err=True)
+    from seed_tot.engine.compiled_forward import compile_report
+    for role in ("target", "draft"):
+        runtime = getattr(engine, f"{role}_runtime", None)
+        if runtime is not None:
+            stream.header["compile"][role] = report = compile_report(runtime)
+            if report["buckets"] or report["failures"]:
+                click.echo(f"compiled {role} forwards: {report['buckets']} buckets in {report['seconds']:.1f} s "
+                           f"(each bucket's first run), {report['failures']} failed to compile")
     if json_file:
         stream.write(rows)
         click.echo(f"results written to {json_file}", err=True)

@@ -1,5 +1,6 @@
 """benchmarks/gpu.sh --smoke: the GPU benchmark's steps, on the tiny preset on the CPU, without
-`datasets` installed, report a row for every mode of every step as that mode finishes."""
+`datasets` installed, report a row for every mode of every step as that mode finishes, after the step
+table's figures (eager, graphed and compiled per bucket, with compile times)."""
 from __future__ import annotations
 
 import json
@@ -11,10 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_MODES = ["ar", "parallel", "seed", "sd", "seed@db1@vb1"]
 REPLAY_MODES = ["parallel", "seed+choose", "seed+suffix", "seed"]
-STEPS = {"thoughts": SPEED_MODES, "tot-step": SPEED_MODES,
-         "tot-gsm8k": ["parallel", "seed", "parallel@c4", "seed@c4"],
+# in gpu.sh's order
+STEPS = {"thoughts": SPEED_MODES, "tot-step": SPEED_MODES, "tot-step-other-schedule": ["parallel", "seed"],
          # the replay-* preset: the target replays a recorded real run, so text drafts see real text
-         "replay-tot-step": REPLAY_MODES, "replay-tot-gsm8k": REPLAY_MODES}
+         "replay-tot-step": REPLAY_MODES,
+         "tot-gsm8k": ["parallel", "seed", "parallel@c4", "seed@c4"], "replay-tot-gsm8k": REPLAY_MODES}
 
 
 def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_datasets(tmp_path):
@@ -42,11 +44,37 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
         document = json.loads((out / f"{step}.json").read_text())
         assert [m["label"] for m in document["modes"]] == STEPS[step]
         assert ("replaying" in document["target"]) == step.startswith("replay-")
+    # each mode's printed row carries the target's busy share (the SEED paper's Fig. 4 figure)
+    assert proc.stdout.count("target busy") >= len(STEPS) and all("target_busy_fraction" in r for r in rows)
+    # the A/B step of the step loop's schedules: the same workload, the other schedule (draft_stream.py)
+    steps = [step for step, labels in STEPS.items() for _ in labels]  # each row's gpu.sh step, in order
+    turns = [r for step, r in zip(steps, rows) if r["label"] == "seed" and _workload(step) == "tot-step"
+             and not step.startswith("replay-")]
+    assert len(turns) == 2 and turns[0]["overlap_drafting"] != turns[1]["overlap_drafting"]
+    assert_step_table(proc.stdout, out / "step-table.jsonl")
 
 
 def _workload(step: str) -> str:
-    """The bench workload a gpu.sh step runs: a replay-* step runs its workload on the replay preset."""
-    return step.removeprefix("replay-")
+    """The bench workload a gpu.sh step runs: a replay-* step runs its workload on the replay preset, and
+    tot-step-other-schedule runs tot-step with the step loop's other schedule."""
+    return step.removeprefix("replay-").removesuffix("-other-schedule")
+
+
+def assert_step_table(stdout: str, path) -> None:
+    """The step table comes first, one line per figure, each printed as it was measured: per bucket the
+    eager, graphed and compiled step against the bandwidth floor, and the compile time of the bucket."""
+    assert stdout.index("== step-table") < stdout.index("== thoughts")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(json.dumps(line) in stdout for line in lines)  # to the screen too
+    assert lines[0]["bandwidth_source"] == "measured copy" and lines[0]["bandwidth_gb_s"] > 0
+    assert lines[1]["model"] == "tiny" and lines[1]["floor_ms"] > 0
+    figures = lines[2:]
+    # every eager and graphed figure before the first compile: a time cap that cuts the table cuts compiles only
+    assert [(f["way"], f["width"]) for f in figures] == [(way, w) for way in ("eager", "graphed", "compiled") for w in (1, 4)]
+    assert all(f["rows"] == 1 and 0 < f["floor_share"] and f["ms"] > 0 for f in figures)
+    compiled = [f for f in figures if f["way"] == "compiled"]
+    assert all(len(f["compile_s"]) == 1 and f["fell_back"] == 0 for f in compiled)  # one bucket compiled each
+    assert all(f["same_tokens"] for f in figures if f["way"] != "eager")  # float32: exact
 
 
 def test_the_gpu_step_probe_profiles_the_engines_step_on_the_cpu_preset():

@@ -9,6 +9,7 @@ from typing import Sequence as Seq
 
 import torch
 
+from .compiled_forward import CompileSettings
 from .masks import UnsupportedAttention
 from .model_runtime import ModelRuntime
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
@@ -35,13 +36,16 @@ class Engine:
 
     def __init__(self, target_model, draft_model=None, tokenizer=None, vocab_size: int | None = None,
                  target_name: str = "target", draft_name: str = "draft", forward_thread: ForwardThread | None = None,
-                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30, attention: str = "gather"):
+                 prefix_cache_entries: int = 32, prefix_cache_bytes: int = 1 << 30, attention: str = "gather",
+                 compile: "CompileSettings | bool | None" = None):
         self.target = target_model.eval()
         self.draft = draft_model.eval() if draft_model is not None else None
         # what this engine keeps about each model (its KV pool, layout, padding, hooks), beside the model;
-        # attention: how batched forwards read the pool ("gather" or "pool": model_runtime.py)
-        self.target_runtime = ModelRuntime(self.target, attention)
-        self.draft_runtime = ModelRuntime(self.draft, attention) if self.draft is not None else None
+        # attention: how batched forwards read the pool ("gather" or "pool": model_runtime.py);
+        # `compile`: whether their fixed-shape forwards are compiled (compiled_forward.py; default on CUDA)
+        compile = CompileSettings.of(compile)
+        self.target_runtime = ModelRuntime(self.target, attention, compile=compile)
+        self.draft_runtime = ModelRuntime(self.draft, attention, compile=compile) if self.draft is not None else None
         self.tokenizer = tokenizer
         self.target_name, self.draft_name = target_name, draft_name
         self.default_policy: str | None = None  # a drafting call's policy when it names none (None: the draft's)
@@ -72,6 +76,15 @@ class Engine:
         if self.forward_thread is not None:  # the models are known now: a decode step's work bounds the threads
             self.forward_thread.threads.work = model_work(self.target)
             self.forward_thread.threads.recheck()
+
+    def set_compile(self, settings: "CompileSettings | bool | None") -> None:
+        """Whether both models' fixed-shape forwards are compiled from their next forward on
+        (compiled_forward.py; True / False / None: on CUDA only); a runtime whose setting changes
+        starts a new fixed-shape runner."""
+        settings = CompileSettings.of(settings)
+        for runtime in (self.target_runtime, self.draft_runtime):
+            if runtime is not None:
+                runtime.compile = settings
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",

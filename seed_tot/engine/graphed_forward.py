@@ -21,8 +21,10 @@ and values land in the scratch slot only, and its logits are dropped; every othe
 per entry. On CUDA the graph's warm-up and capture run on the first step of a bucket, and every later
 step of that bucket replays it; growth of the pool reallocates the storage the graph points into, so
 its graphs are dropped and captured again. On the CPU the same static path runs eagerly (no capture),
-and only where asked (`forward_batch(..., fixed_shapes=True)`): padding adds arithmetic there, with
-no launch cost to save, so the CPU default stays the exact-size packed forward.
+and only where asked (`forward_batch(..., fixed_shapes=True)`, or compiled forwards): padding adds
+arithmetic there, with no launch cost to save, so the CPU default stays the exact-size packed forward.
+Where the runtime compiles (compiled_forward.py; on CUDA by default), the bucket's forward is the
+inductor-compiled one, and the captured graph records its fused kernels.
 
 What a graph cannot serve runs at its exact size (`bucket` returns None): a drafter's target features
 (an extra per-row input), a model with hidden-state capture hooks (Python a replay would skip), a
@@ -41,6 +43,7 @@ import torch
 
 from . import row_attention
 from .cache_argument import cache_kwargs
+from .compiled_forward import CompiledForward, CompileSettings
 from .kv_pool import SCRATCH
 from .masks import AttentionLayout, additive_masks
 
@@ -128,9 +131,13 @@ class _Static:
 class GraphedForward:
     """The fixed-shape forwards of one model: static buffers per bucket and, on CUDA, a graph per bucket."""
 
-    def __init__(self, model, attend=None):
+    def __init__(self, model, attend=None, compile: CompileSettings = CompileSettings()):
         self.device, self.dtype = model.device, model.dtype  # no reference to the model: it owns this
         self.attend = attend  # attention="pool"'s FlexAttention function (ModelRuntime.flex); None: gather
+        # the bucket's forward compiled by inductor (compiled_forward.py); None: the stock forward
+        self.compile_settings = compile
+        self.compiled = (CompiledForward(type(model).__name__, compile)
+                         if compile.on(self.device) else None)
         self.graphs_on = self.device.type == "cuda"
         self.refused = graph_refusal(model) if self.graphs_on else None
         if self.refused:
@@ -195,9 +202,12 @@ class GraphedForward:
             batch.pool_masks(static.allowed, d["query_pos"], d["key_pos"])
         placeholder = static.placeholder
         mask = {t: placeholder for t in layout.windows} if layout.as_dict else placeholder
+        inputs = dict(input_ids=d["ids"][None], position_ids=d["pos"][None], attention_mask=mask, use_cache=True,
+                      **cache_kwargs(model, batch))
         with row_attention.active_batch(model, batch):
-            out = model(input_ids=d["ids"][None], position_ids=d["pos"][None], attention_mask=mask,
-                        use_cache=True, **cache_kwargs(model, batch))
+            # a model's first forward makes the pool's storage (under a lock): that one runs uncompiled
+            compiled = self.compiled is not None and pool.has_layer(0)
+            out = self.compiled(model, shape, inputs) if compiled else model(**inputs)
         return out.logits[0]
 
     def _capture(self, model, layout, windows, pool, static: _Static, shape: Shape) -> None:
@@ -280,9 +290,10 @@ def bucket(runtime, fixed_shapes: "bool | Buckets | None", features, n_new: list
            ) -> tuple[GraphedForward, Shape] | None:
     """The runner of a model runtime (model_runtime.py) and the shape of a forward of rows adding
     n_new[b] entries (n_keys: the longest history after it), where this forward runs at a fixed shape;
-    None: at its exact size. fixed_shapes None: on CUDA only (graphs); True: the default buckets
-    anywhere; a Buckets: those."""
-    if fixed_shapes is False or (fixed_shapes is None and runtime.placement[0].type != "cuda"):
+    None: at its exact size. fixed_shapes None: on CUDA (graphs) and where the runtime's forwards are
+    compiled (`ModelRuntime.compile`); True: the default buckets anywhere; a Buckets: those."""
+    if fixed_shapes is False or (fixed_shapes is None and runtime.placement[0].type != "cuda"
+                                 and not runtime.compile.enabled):  # compiled on the CPU: asked for
         return None
     if features is not None:  # a drafter's target_features input: its own per-row layout, not bucketed
         return None

@@ -22,6 +22,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from . import row_attention
+from .compiled_forward import CompileSettings
 from .graphed_forward import GraphedForward
 from .kv_pool import KVPool
 from .masks import AttentionLayout
@@ -42,9 +43,11 @@ class ModelRuntime:
     (masks.pool_block_masks). "gather" stays the default: the pool path's eager CPU kernel scores
     every slot of the pool, and it has not been timed against the gather on any device yet.
     compile_attention: run that FlexAttention compiled (inductor); None: on CUDA only, where only the
-    compiled kernel is fused (the CPU tests compile it too, to prove the compiled path exact)."""
+    compiled kernel is fused (the CPU tests compile it too, to prove the compiled path exact).
+    compile: whether its fixed-shape forwards are compiled (compiled_forward.py)."""
 
-    def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None):
+    def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None,
+                 compile: CompileSettings = CompileSettings()):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         self.model = model
@@ -52,6 +55,7 @@ class ModelRuntime:
         self.compile_attention = compile_attention
         self._flex = None  # (device type, the FlexAttention function) of attention="pool", made on first use
         self._flex_refused: str | None = None
+        self.compile = compile
         self._lock = threading.Lock()  # for what is made on first use: threads forward one model at once
         self._layout: AttentionLayout | None = None
         self._windows: list[int | None] | None = None
@@ -174,12 +178,13 @@ class ModelRuntime:
         return self._graphed
 
     def graph_runner(self) -> GraphedForward:
-        """The fixed-shape runner, made anew when the model was moved or cast since the last one."""
+        """The fixed-shape runner, made anew when the model was moved or cast, or its compile setting
+        changed, since the last one."""
         found, placement = self._graphed, self.placement
-        if found is None or (found.device, found.dtype) != placement:
+        if found is None or (found.device, found.dtype) != placement or found.compile_settings != self.compile:
             attend = self.flex  # resolved before the lock, which `flex` takes itself
             with self._lock:
                 found = self._graphed
-                if found is None or (found.device, found.dtype) != placement:
-                    found = self._graphed = GraphedForward(self.model, attend)
+                if found is None or (found.device, found.dtype) != placement or found.compile_settings != self.compile:
+                    found = self._graphed = GraphedForward(self.model, attend, self.compile)
         return found
