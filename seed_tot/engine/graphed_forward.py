@@ -136,8 +136,15 @@ class GraphedForward:
         self.attend = attend  # attention="pool"'s FlexAttention function (ModelRuntime.flex); None: gather
         # the bucket's forward compiled by inductor (compiled_forward.py); None: the stock forward
         self.compile_settings = compile
+        # a forward that holds FlexAttention compiles it with inductor's FlexAttention template, used on
+        # CUDA only (model_runtime.py says why): on other devices those forwards run uncompiled, said once
+        pooled_off_cuda = attend is not None and self.device.type != "cuda"
         self.compiled = (CompiledForward(type(model).__name__, compile)
-                         if compile.on(self.device) else None)
+                         if compile.on(self.device) and not pooled_off_cuda else None)
+        if compile.on(self.device) and pooled_off_cuda:
+            log.warning("%s's fixed-shape forwards run uncompiled on %s with attention=pool: compiled "
+                        "FlexAttention is used on CUDA only (model_runtime.py says why)", type(model).__name__,
+                        self.device.type)
         self.graphs_on = self.device.type == "cuda"
         self.refused = graph_refusal(model) if self.graphs_on else None
         if self.refused:

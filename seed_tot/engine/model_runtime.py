@@ -42,8 +42,9 @@ class ModelRuntime:
     copy; "pool" runs FlexAttention on the pool's storage itself with one block mask per forward
     (masks.pool_block_masks). "gather" stays the default: the pool path's eager CPU kernel scores
     every slot of the pool, and it has not been timed against the gather on any device yet.
-    compile_attention: run that FlexAttention compiled (inductor); None: on CUDA only, where only the
-    compiled kernel is fused (the CPU tests compile it too, to prove the compiled path exact).
+    compile_attention: run that FlexAttention compiled (inductor); None: on CUDA. Compiled on CUDA
+    only: on the CPU, torch 2.13's inductor FlexAttention template aborted the test process with a
+    glibc heap assertion inside its brgemm kernel (2026-11-28), so a CPU asks for it in vain, said once.
     compile: whether its fixed-shape forwards are compiled (compiled_forward.py)."""
 
     def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None,
@@ -111,8 +112,8 @@ class ModelRuntime:
     def flex(self):
         """The FlexAttention function batched forwards read the pool with (attention="pool"), or None:
         the gather path (attention="gather", or a model the pool path cannot serve exactly: logged once,
-        at the first batched forward, before it runs). Compiled where `compile_attention` says (default:
-        on CUDA, where only the compiled kernel is fused; the eager one scores every slot)."""
+        at the first batched forward, before it runs). Compiled on CUDA unless `compile_attention` is
+        False (only the compiled kernel is fused there; the eager one scores every slot), eager elsewhere."""
         if self.attention != "pool" or self._flex_refused is not None:
             return None
         device = self.placement[0].type
@@ -125,9 +126,10 @@ class ModelRuntime:
                         log.warning("%s reads its history by gathering it (attention=gather): attention=pool "
                                     "cannot serve it exactly: %s", type(self.model).__name__, refused)
                         return None
-                    compiled = self.compile_attention
-                    if compiled is None:
-                        compiled = device == "cuda"
+                    compiled = device == "cuda" and self.compile_attention is not False
+                    if self.compile_attention and not compiled:
+                        log.warning("%s's FlexAttention runs eagerly on %s: compiled FlexAttention is used on CUDA "
+                                    "only (model_runtime.py says why)", type(self.model).__name__, device)
                     self._flex = (device, torch.compile(flex_attention) if compiled else flex_attention)
         return self._flex[1]
 
