@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The headline GPU tables in one device call (at most 8.5 minutes on an H100, model builds included):
+# The headline GPU tables in one device call (at most 9.2 minutes of caps on an H100, model builds included):
 #   0. the step table (benchmarks/gpu_step.py table): per bucket (1, 8, 32 rows; 1 and 4 query entries
 #      per row) the 7B decode step eager, graphed and compiled, each against the bandwidth floor, and
-#      each bucket's compile time, one JSON line per figure (step-table.jsonl);
+#      each bucket's compile time, one JSON line per figure (step-table.jsonl); then pool-attention
+#      (gpu_step.py graphs): the same steps with attention that gathers each row's history and with
+#      attention that reads the KV pool in place (FlexAttention), eager and graphed (pool-attention.jsonl);
 #   1. `tot-step` at alpha 0.4 with ar, parallel, seed, sd, seed@db1@vb1 (each mode's row shows the
 #      target's busy share, "target busy"), then `seed` again with the step loop's other schedule
 #      (tot-step-other-schedule: drafting and verification in turn), the A/B of the overlapped schedule;
@@ -28,7 +30,7 @@
 #     bash benchmarks/gpu.sh --smoke    # the same steps on the tiny preset on the CPU (CI runs it)
 # Settings can be changed without editing: ALPHA, TOKENS, TOT_TOKENS, REPEATS, WARMUP, PRESET, DEVICE, PYTHON,
 # CAP_S (one time cap in seconds for every step, in place of the defaults below), STEPS (the steps to run,
-# space separated, default "step-table tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"),
+# space separated, default "step-table pool-attention tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"),
 # MODES (the modes of thoughts and tot-step), TABLE_MODELS (the step table's models, default 7b; gpu_step.py's
 # SHAPES), COMPILE (the bench steps' --compile: default off, so that they fit the call beside the step table,
 # which measures the compiled step; auto compiles on CUDA, one compile per bucket), and TRACE=1 (each bench
@@ -61,22 +63,22 @@ if [ "$smoke" = 1 ]; then
   # (the step table compiles two buckets of the tiny model with inductor's C++ backend)
   preset="${PRESET:-tiny}" device="${DEVICE:-cpu}" tokens="${TOKENS:-4}" tot_tokens="${TOT_TOKENS:-4}"
   repeats="${REPEATS:-1}" warmup="${WARMUP:-0}" replay_limit=1
-  declare -A caps=([step-table]=120 [thoughts]=50 [tot-step]=50 [tot-step-other-schedule]=40 [replay-tot-step]=60
+  declare -A caps=([step-table]=120 [pool-attention]=60 [thoughts]=50 [tot-step]=50 [tot-step-other-schedule]=40 [replay-tot-step]=60
                    [tot-gsm8k]=70 [replay-tot-gsm8k]=90)
-  default_steps="step-table thoughts tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"
-  table_models="${TABLE_MODELS:-tiny}" table_args=(--rows 1 --widths 1,4 --steps 3)
+  default_steps="step-table pool-attention thoughts tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"
+  table_models="${TABLE_MODELS:-tiny}" table_args=(--rows 1 --widths 1,4 --steps 3) pool_rows=1
   data="${GSM8K_DATA:-$root/tests/fixtures/gsm8k_small.jsonl}"
 else
   # Sized for one 10-minute device call: the step table first (the compiles take most of its cap, and
   # come after every eager and graphed figure, the decode buckets first: a cap that cuts the table cuts
   # the last compiles only), then 16 new tokens per sequence (the issue's first GPU table used 16), one
-  # warm-up and one timed run per mode; the caps (seconds per step) add up to 8.5 minutes.
+  # warm-up and one timed run per mode; the caps (seconds per step) add up to 550 s (9.2 minutes).
   preset="${PRESET:-llama2-7b+llama-160m}" device="${DEVICE:-cuda}" tokens="${TOKENS:-16}" tot_tokens="${TOT_TOKENS:-16}"
   repeats="${REPEATS:-1}" warmup="${WARMUP:-1}" replay_limit=3
-  declare -A caps=([step-table]=150 [thoughts]=75 [tot-step]=90 [tot-step-other-schedule]=40 [replay-tot-step]=70
-                   [tot-gsm8k]=80 [replay-tot-gsm8k]=80)
-  default_steps="step-table tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"
-  table_models="${TABLE_MODELS:-7b}" table_args=()
+  declare -A caps=([step-table]=130 [pool-attention]=80 [thoughts]=75 [tot-step]=90 [tot-step-other-schedule]=40
+                   [replay-tot-step]=70 [tot-gsm8k]=70 [replay-tot-gsm8k]=70)
+  default_steps="step-table pool-attention tot-step tot-step-other-schedule replay-tot-step tot-gsm8k replay-tot-gsm8k"
+  table_models="${TABLE_MODELS:-7b}" table_args=() pool_rows=1,8,32
   data="${GSM8K_DATA:-}"
   for candidate in "$root/shared/data/gsm8k/test.jsonl" "$root/../shared/data/gsm8k/test.jsonl" \
                    "$root/tests/fixtures/gsm8k_small.jsonl"; do
@@ -88,7 +90,7 @@ fi
 
 if [ -n "${CAP_S:-}" ]; then for name in "${!caps[@]}"; do caps[$name]="$CAP_S"; done; fi
 # a fresh start: rows.jsonl is appended to, and a solve refuses a directory that holds results
-rm -rf "$out/rows.jsonl" "$out/tot-gsm8k-runs" "$out/replay-tot-gsm8k-runs" "$out/step-table.jsonl"
+rm -rf "$out/rows.jsonl" "$out/tot-gsm8k-runs" "$out/replay-tot-gsm8k-runs" "$out/step-table.jsonl" "$out/pool-attention.jsonl"
 failed=0
 steps=" ${STEPS:-$default_steps} "
 report_failure() {  # report_failure NAME RC: the step's error tail and what was kept
@@ -104,6 +106,14 @@ if [[ "$steps" == *" step-table "* ]]; then
     "${table_args[@]}" 2>"$out/step-table.err") | tee "$out/step-table.jsonl"
   rc="${PIPESTATUS[0]}"
   [ "$rc" = 0 ] || report_failure step-table "$rc"
+fi
+# the KV pool read in place (attention=pool, FlexAttention) against the per-layer gather of every row's history
+if [[ "$steps" == *" pool-attention "* ]]; then
+  echo "== pool-attention (cap ${caps[pool-attention]}s): gpu_step.py graphs --models $table_models --attention gather,pool"
+  (cd "$pkg" && timeout "${caps[pool-attention]}" "$python" "$root/benchmarks/gpu_step.py" graphs --models "$table_models" \
+    --attention gather,pool --rows "$pool_rows" 2>"$out/pool-attention.err") | tee "$out/pool-attention.jsonl"
+  rc="${PIPESTATUS[0]}"
+  [ "$rc" = 0 ] || report_failure pool-attention "$rc"
 fi
 
 step() {  # step NAME BENCH_ARGS...: one bench run, its log and JSON under $out, within the step's cap

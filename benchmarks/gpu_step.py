@@ -117,20 +117,27 @@ def _steps(runtime: ModelRuntime, n_rows: int, fixed, tree: bool, steps: int = 2
 
 
 def graphs(args) -> None:
-    print(torch.cuda.get_device_name(), torch.__version__, tf.__version__, flush=True)
+    """Eager against fixed-shape steps per attention path, the forwards uncompiled (the step table times
+    compiling): on CUDA the fixed shapes replay CUDA graphs; elsewhere they run eagerly (gpu.sh's smoke)."""
+    device = _device()
+    print(json.dumps(dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                          transformers=tf.__version__)), flush=True)
+    fixed = None if device == "cuda" else True  # off CUDA: the buckets run eagerly, when asked
     for name in args.models.split(","):
         model = _model(name)
         for attention in args.attention.split(","):  # model_runtime.ATTENTION_PATHS
-            runtime = ModelRuntime(model, attention)  # one pool and one graph runner for both executions
-            for kind, row_counts in (("decode", (1, 8, 32)), ("tree4", (1, 8))):
+            # one pool and one graph runner for both executions; FlexAttention compiled on CUDA (attention=pool)
+            runtime = ModelRuntime(model, attention, compile=CompileSettings(enabled=False))
+            for kind, row_counts in (("decode", args.rows), ("tree4", [r for r in args.rows if r <= 8])):
                 for n_rows in row_counts:
                     eager_ms, eager_out = _steps(runtime, n_rows, False, kind == "tree4")
-                    graph_ms, graph_out = _steps(runtime, n_rows, None, kind == "tree4")
+                    graph_ms, graph_out = _steps(runtime, n_rows, fixed, kind == "tree4")
                     print(json.dumps(dict(model=name, attention=attention, kind=kind, rows=n_rows,
                                           eager_ms=round(eager_ms, 3), graphed_ms=round(graph_ms, 3),
                                           same_tokens=eager_out == graph_out)), flush=True)
             del runtime
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
         del model
 
 
@@ -247,6 +254,7 @@ def main(argv=None) -> None:
     g.add_argument("--models", default="tiny,1.1b,7b", help=f"comma-separated, from {', '.join(SHAPES)}")
     g.add_argument("--attention", default="gather",
                    help="comma-separated attention paths to time, from gather, pool (model_runtime.py)")
+    g.add_argument("--rows", type=_ints, default=(1, 8, 32), help="row counts, comma-separated (tree steps: <= 8)")
     t = sub.add_parser("table", help="eager, graphed and compiled steps per bucket against the bandwidth floor")
     t.add_argument("--models", default="7b", help=f"comma-separated, from {', '.join(SHAPES)}")
     t.add_argument("--rows", type=_ints, default=(1, 8, 32), help="row counts, comma-separated")
@@ -260,8 +268,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.probe == "table" and set(args.widths) - {1, len(TREE[0])}:
         parser.error(f"--widths: 1 (a decode step) and {len(TREE[0])} (the probe's tree) only")
-    if args.probe == "graphs" and not torch.cuda.is_available():
-        parser.error("graphs needs a CUDA device")
     {"graphs": graphs, "table": table, "profile": profile}[args.probe](args)
 
 

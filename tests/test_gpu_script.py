@@ -52,6 +52,15 @@ def test_smoke_reports_every_mode_of_every_step_with_reference_outputs_and_no_da
              and not step.startswith("replay-")]
     assert len(turns) == 2 and turns[0]["overlap_drafting"] != turns[1]["overlap_drafting"]
     assert_step_table(proc.stdout, out / "step-table.jsonl")
+    # then both attention paths, eager and at fixed shapes, each figure as it is measured, tokens equal
+    pooled = [json.loads(line) for line in (out / "pool-attention.jsonl").read_text().splitlines()][1:]
+    assert {(f["attention"], f["kind"]) for f in pooled} == {(a, k) for a in ("gather", "pool") for k in ("decode", "tree4")}
+    assert all(f["same_tokens"] and f["eager_ms"] > 0 and f["graphed_ms"] > 0 for f in pooled)
+    assert stdout_order(proc.stdout, "== step-table", "== pool-attention", "== thoughts")
+
+
+def stdout_order(stdout: str, *markers: str) -> bool:
+    return [stdout.index(m) for m in markers] == sorted(stdout.index(m) for m in markers)
 
 
 def _workload(step: str) -> str:
