@@ -52,6 +52,8 @@ from typing import Any
 
 import click
 
+from seed_tot.cli_engine import engine_options
+from seed_tot.engine.engine_settings import compile_setting, describe as describe_engine
 from seed_tot.bench_workloads import ModeSpec, Workload, thoughts_workload, tot_step_workload, tot_workload
 from seed_tot.cli_options import (check_data_file, check_mode_options, check_policy_setting, decode_setting,
                                   given_options, load_engine, model_options, one_of_later, parse_k_config)
@@ -429,12 +431,10 @@ def synthetic_banner(preset: str, alpha: float) -> str:
                    "replay-NAME: the target replays a recorded real run's text (seed_tot/replay.py).")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
               help="--synthetic: probability that a draft token matches the target's.")
-@click.option("--compile", "compile_forwards", type=click.Choice(["auto", "on", "off"]), default="auto",
-              show_default=True, help="Compile the fixed-shape forwards with torch.compile (inductor), one compile "
-                                      "per bucket: auto = on CUDA (docs/engine.md).")
+@engine_options
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
-          synthetic, alpha, jsonl_file, compile_forwards="auto"):
+          synthetic, alpha, jsonl_file, compile_forwards="auto", attention="gather"):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, DecodeSpec(k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                                           draft_batch=draft_batch))
@@ -453,11 +453,12 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         raise click.UsageError("--synthetic builds its own models: leave out --target and --draft")
     if synthetic:
         from seed_tot.synthetic import build_synthetic_engine
-        engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed)
+        engine = build_synthetic_engine(synthetic, alpha, device, dtype, seed=seed, attention=attention,
+                                        compile=compile_setting(compile_forwards))
         click.echo(synthetic_banner(synthetic, alpha))
     else:
-        engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs])
-    engine.set_compile({"auto": None, "on": True, "off": False}[compile_forwards])
+        engine = load_engine(target, draft, draft_layers, device, dtype, modes=[s.decode.mode for s in specs],
+                             attention=attention, compile_forwards=compile_forwards)
     synth = {"preset": synthetic, "alpha": alpha, "banner": synthetic_banner(synthetic, alpha)} if synthetic else None
     greedy, tot = temperature == 0, workload.startswith("tot-") and workload != "tot-step"
     recorder = None
@@ -478,6 +479,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
             run, description = make(engine, data, params)
         header = _header(engine, synth, workload, description, temperature, repeats, warmup)
         header["compile"] = {"setting": compile_forwards}  # and, after the run, what each model compiled
+        header["attention"] = attention
         stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream, params=params)
@@ -492,7 +494,7 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
     overlap = {True: " | drafting overlaps verification", False: " | drafting and verification in turn"}.get(
         env.get("overlap_drafting"), "")
     click.echo(f"target {engine.target_name} | draft {engine.draft_name} | {env['device_name']} {env['dtype']} | "
-               f"torch {env['torch']} | {env['date']}{threads}{overlap}")
+               f"torch {env['torch']} | {env['date']}{threads}{overlap} | {describe_engine(attention, compile_forwards)}")
     click.echo(format_table(rows, greedy, tot, synth, env["dtype"]))
     if (note := few_repeats_warning(repeats)) is not None:
         click.echo(note, err=True)

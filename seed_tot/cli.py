@@ -11,6 +11,8 @@ import click
 
 from seed_tot.cli_endpoint import check_endpoint_options, endpoint_options, solve_on_endpoint
 from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
+from seed_tot.cli_engine import engine_options
+from seed_tot.engine.engine_settings import compile_setting, describe as describe_engine
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
                                   check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
                                   pipeline_options, policy_kwargs, policy_options)
@@ -89,9 +91,10 @@ _GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"),
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
 @pipeline_options
 @policy_options
+@engine_options
 def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
              max_new_tokens, num_samples, n_workers, verify_batch, draft_batch, stop, seed, raw, trace_dir, as_json,
-             draft_policy, policy_option, head_dir, **pipeline):
+             draft_policy, policy_option, head_dir, attention, compile_forwards, **pipeline):
     """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
     from seed_tot import SamplingParams
     from seed_tot.engine import summarize
@@ -113,7 +116,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     spec = DecodeSpec(mode=mode, k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                       draft_batch=draft_batch, **policy_kwargs(draft_policy, policy_option, head_dir))
     check_policy_setting(spec, "--policy-option")
-    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode])
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode], attention=attention,
+                         compile_forwards=compile_forwards)
     rendered = text if raw else engine.render_prompt(text)
     with _tracing(trace_dir, "generate") as tracer:
         results = engine.generate([rendered] * num_samples, params, spec=spec)
@@ -130,7 +134,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
         # what drafted: the policy by name (its default depends on the draft model), then the k_config given
         drafting = (f" policy={engine.policy_name(spec.draft_policy, mode, k_config)} k_config={','.join(map(str, k_config))}"
                     if mode in DRAFTING_MODES else "")
-        click.echo(f"--- mode={mode}{drafting} target={engine.target_name} draft={engine.draft_name}")
+        click.echo(f"--- mode={mode}{drafting} target={engine.target_name} draft={engine.draft_name} "
+                   f"{describe_engine(attention, compile_forwards)}")
         click.echo(f"wall {total.wall_s:.2f}s  tokens {total.new_tokens}  tokens/s {total.new_tokens / max(total.wall_s, 1e-9):.1f}  "
                    f"acceptance {total.acceptance_rate:.3f}  tokens/target forward {total.tokens_per_target_forward:.2f}  "
                    f"target forwards {total.target_forwards:.0f} (+{total.target_prefills:.0f} prefill)  "
@@ -209,10 +214,11 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
               help="With --ray: a problem's search still running after this long is recorded as failed (--resume "
                    "tries it again) and its engine replaced by a new one [default: no limit].")
 @endpoint_options
+@engine_options(default=False)
 def solve(task_name, data, limit, offset, config_file, mode, target, draft, draft_layers, device, dtype, k_config,
           algorithm, depth, breadth, n_generate, temperature, max_new_tokens, n_workers, verify_batch, draft_batch, seed, output, resume, trace_dir,
           draft_policy, policy_option, head_dir, concurrency, ray_address, workers, gpus_per_worker, cpus_per_worker,
-          search_timeout, view_page, as_json, **more):
+          search_timeout, view_page, as_json, attention, compile_forwards, **more):
     """Solve a dataset with tree-of-thoughts search; results are written as they finish.
 
     TASK: gsm8k, creative_writing, blocksworld; your own as path/to/file.py:ClassName or
@@ -245,7 +251,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
     settings = apply_overrides(settings, mode=mode, k_config=k_config, algorithm=algorithm, depth=depth, breadth=breadth,
                                n_generate=n_generate, temperature=temperature,
                                max_new_tokens=max_new_tokens, n_workers=n_workers, verify_batch=verify_batch,
-                               draft_batch=draft_batch, seed=seed, **algorithm_settings,
+                               draft_batch=draft_batch, seed=seed, attention=attention, compile=compile_forwards,
+                               **algorithm_settings,
                                **policy_kwargs(draft_policy, policy_option, head_dir))
     check_policy_setting(settings.decode,
                          "--policy-option" if policy_option or draft_policy else settings.source or "config")
@@ -269,7 +276,8 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
             write_run_page(output, task)
         _echo_summary(summary, output, as_json, time.perf_counter() - start)
         return
-    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.decode.mode])
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[settings.decode.mode],
+                         attention=settings.attention, compile_forwards=settings.compile)
     _prepare_policy(engine, settings)  # a first run's calibration, before the clocks of the wall and the first problem
     start = time.perf_counter()
     with _tracing(trace_dir, "solve") as tracer:
@@ -318,7 +326,8 @@ def _solve_on_ray(address, model, task, examples, settings, output, resume, work
 
     target, draft, draft_layers, device, dtype = model
     spec = EngineSpec(target=target, draft=draft, draft_layers=draft_layers, device=device, dtype=dtype,
-                      load_draft=settings.decode.mode in DRAFTING_MODES)
+                      load_draft=settings.decode.mode in DRAFTING_MODES, attention=settings.attention,
+                      compile=compile_setting(settings.compile))
     try:
         return solve_on_ray(address, spec, task, examples, settings=settings, output_dir=output, resume=resume,
                             workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker or 1.0,

@@ -233,11 +233,15 @@ def check_mode_options(ctx: click.Context, modes, uses: dict[str, tuple[str, ...
         raise click.UsageError(f"{what}{'s' * (len(chosen) > 1)} {', '.join(chosen)} {verb} not use {named}")
 
 
-def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES):
-    """The engine for `modes`; the draft is loaded only when one of them drafts."""
+def load_engine(target, draft, draft_layers, device, dtype, modes=DRAFTING_MODES, attention: str = "gather",
+                compile_forwards: str = "auto"):
+    """The engine for `modes`; the draft is loaded only when one of them drafts. attention and
+    compile_forwards: --attention's and --compile's words (engine/engine_settings.py)."""
     from seed_tot import Engine
+    from seed_tot.engine.engine_settings import compile_setting
     return Engine.from_pretrained(target=target, draft=draft, device=device, dtype=dtype, draft_layers=draft_layers,
-                                  load_draft=any(m in DRAFTING_MODES for m in modes))
+                                  load_draft=any(m in DRAFTING_MODES for m in modes), attention=attention,
+                                  compile=compile_setting(compile_forwards))
 
 
 DEFAULT_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

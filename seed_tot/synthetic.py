@@ -210,13 +210,17 @@ def build_model(spec: dict[str, Any], device: torch.device, dtype: torch.dtype, 
 
 def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device = "auto",
                            dtype: torch.dtype | str | None = None, seed: int = 0,
-                           recording: str | None = None) -> Engine:
+                           recording: str | None = None, attention: str = "gather",
+                           compile: "CompileSettings | bool | None" = None) -> Engine:
     """An Engine over random models of the preset's real shapes, with oracle acceptance `alpha`.
     A replay-* preset's target replays `recording` (default: the one shipped, replay.py) with its
-    tokenizer and vocabulary."""
+    tokenizer and vocabulary. attention, compile: as Engine's, checked before any model is built."""
+    from seed_tot.engine.compiled_forward import CompileSettings
+    from seed_tot.engine.model_runtime import check_attention_path
     from seed_tot.engine.forward_thread import ForwardThread
     from seed_tot.engine.models import resolve_device
 
+    attention, compile = check_attention_path(attention), CompileSettings.of(compile)
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic preset {preset!r}; expected one of {', '.join(PRESETS)}")
     dev = resolve_device(device) if isinstance(device, str) else device
@@ -248,7 +252,7 @@ def build_synthetic_engine(preset: str, alpha: float, device: str | torch.device
     return Engine(target, draft, tokenizer, vocab_size=target_spec["vocab_size"],
                   target_name=f"synthetic {name.split('+')[0]} (random weights, {oracle})",
                   draft_name=f"synthetic {name.split('+')[-1]} (random weights, oracle alpha={alpha:g})",
-                  forward_thread=thread)
+                  forward_thread=thread, attention=attention, compile=compile)
 
 
 def expected_acceptance(alpha: float, k_config: tuple[int, ...]) -> float:

@@ -11,7 +11,7 @@ import torch
 
 from .compiled_forward import CompileSettings
 from .masks import UnsupportedAttention
-from .model_runtime import ModelRuntime
+from .model_runtime import ModelRuntime, check_attention_path
 from .models import (DEFAULT_DRAFT_LAYERS, PROMPT_LOOKUP, SELF_DRAFT, check_same_vocabulary, default_target, load_model,
                      load_tokenizer, resolve_device, truncated_draft)
 from .decode_spec import ALL_BATCH, AUTO_BATCH, DecodeSpec, call_spec
@@ -89,7 +89,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None, device: str = "auto",
                         dtype: torch.dtype | str | None = None, draft_layers: int = DEFAULT_DRAFT_LAYERS,
-                        load_draft: bool = True, cpu_linear: str | None = None) -> "Engine":
+                        load_draft: bool = True, cpu_linear: str | None = None, attention: str = "gather",
+                        compile: "CompileSettings | bool | None" = None) -> "Engine":
         """Each of target/draft: a Hub id, a local directory or a `.gguf` path. No target: the
         embedded SmolLM2-135M-Instruct. No draft: the drafter shipped in the package for this target
         (the embedded default has a ParallelSpec one) or else the target's first `draft_layers` layers;
@@ -99,26 +100,31 @@ class Engine:
         load_draft=False: no draft at all (enough for ar and parallel, saves its load time and memory).
         cpu_linear: on a CPU, "onednn" runs the models' linear layers through oneDNN (cpu_linear.py
         says why), "stock" through torch's own `F.linear`; None: $SEED_TOT_CPU_LINEAR, else onednn.
+        attention, compile: as Engine's (how batched forwards read the pool; whether their fixed-shape
+        forwards are compiled).
         On a CPU the models load on the engine's forward thread (forward_thread.py says why)."""
+        settings = (check_attention_path(attention), CompileSettings.of(compile))  # before anything loads
         dtype = torch_dtype(dtype)  # before anything loads: a typo was an AttributeError after the tokenizer
         dev = resolve_device(device)
         linear = resolve_cpu_linear(cpu_linear)  # before anything loads, as the dtype
         if dev.type != "cpu":
-            return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None)
+            return cls._load(target, draft, dev, dtype, draft_layers, load_draft, None, settings)
         thread = ForwardThread()
-        engine = thread.call(cls._load, target, draft, dev, dtype, draft_layers, load_draft, thread)
+        engine = thread.call(cls._load, target, draft, dev, dtype, draft_layers, load_draft, thread, settings)
         if linear == ONEDNN:  # before any forward: every mode and the calibration run the same kernels
             use_onednn_linears(engine.target, engine.draft)
         return engine
 
     @classmethod
-    def _load(cls, target, draft, dev, dtype, draft_layers, load_draft, forward_thread) -> "Engine":
+    def _load(cls, target, draft, dev, dtype, draft_layers, load_draft, forward_thread,
+              settings: tuple = ("gather", None)) -> "Engine":
+        attention, compile = settings
         target = target or default_target()
         tokenizer = load_tokenizer(target)
         from .drafters import is_drafter_dir, load_drafter, shipped_drafter_for
         self_draft = draft == SELF_DRAFT
         if draft == PROMPT_LOOKUP:  # no draft model: its calls default to the `lookup` policy
-            engine = cls._load(target, None, dev, dtype, draft_layers, False, forward_thread)
+            engine = cls._load(target, None, dev, dtype, draft_layers, False, forward_thread, settings)
             engine.draft_name, engine.default_policy = "prompt lookup", "lookup"
             return engine
         drafter_dir = load_draft and draft is not None and not self_draft and is_drafter_dir(draft)  # shares the target's vocabulary
@@ -129,7 +135,7 @@ class Engine:
             if draft is not None:
                 log.info("not loading draft %s: the requested mode runs the target alone", draft)
             return cls(target_model, None, tokenizer, target_name=target, draft_name="none",
-                       forward_thread=forward_thread)
+                       forward_thread=forward_thread, attention=attention, compile=compile)
         shipped = shipped_drafter_for(target_model) if draft is None else None
         if shipped is not None:
             draft_model, draft_name = load_drafter(shipped, target_model, target), f"shipped:{shipped.name}"
@@ -140,7 +146,7 @@ class Engine:
         else:
             draft_model, draft_name = load_model(draft, dev, dtype), draft
         return cls(target_model, draft_model, tokenizer, target_name=target, draft_name=draft_name,
-                   forward_thread=forward_thread)
+                   forward_thread=forward_thread, attention=attention, compile=compile)
 
     def pin_threads(self, threads: int | None) -> None:
         """Run this engine's CPU forwards on `threads` intra-op threads from now on (None: choose them

@@ -23,6 +23,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from . import row_attention
 from .compiled_forward import CompileSettings
+from .engine_settings import ATTENTION_PATHS
 from .graphed_forward import GraphedForward
 from .kv_pool import KVPool
 from .masks import AttentionLayout
@@ -31,7 +32,11 @@ from .query_padding import measure_padding
 log = logging.getLogger(__name__)
 
 
-ATTENTION_PATHS = ("gather", "pool")
+def check_attention_path(attention: str) -> str:
+    """`attention` when it names a path, else a ValueError naming the setting and the paths."""
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
+    return attention
 
 
 class ModelRuntime:
@@ -49,10 +54,8 @@ class ModelRuntime:
 
     def __init__(self, model, attention: str = "gather", compile_attention: bool | None = None,
                  compile: CompileSettings = CompileSettings()):
-        if attention not in ATTENTION_PATHS:
-            raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         self.model = model
-        self.attention = attention
+        self.attention = check_attention_path(attention)
         self.compile_attention = compile_attention
         self._flex = None  # (device type, the FlexAttention function) of attention="pool", made on first use
         self._flex_refused: str | None = None

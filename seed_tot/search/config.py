@@ -4,7 +4,8 @@ The YAML file is flat (see configs/*.yaml): search keys (depth, n_generate, brea
 max_new_tokens, value_threshold, extra), decoding keys (mode, k_config, n_workers, verify_batch,
 draft_batch, draft_policy, policy_options: one DecodeSpec, engine/decode_spec.py, which checks them),
 seed and run keys (algorithm, max_expansions, task; samples for cot-sc; iterations, exploration,
-parallel_leaves, mcts_answer for mcts). An unknown key is an error rather than
+parallel_leaves, mcts_answer for mcts) and engine keys (attention: gather or pool; compile: auto, on or
+off; engine/engine_settings.py: how forwards run, never what they give). An unknown key is an error rather than
 silently ignored, because a typo such as `bredth: 5` would otherwise run the default search.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable, Hashable, Mapping
 
 import yaml
 
+from seed_tot.engine.engine_settings import ATTENTION_PATHS, COMPILE_WORDS, DEFAULT_ATTENTION, DEFAULT_COMPILE
 from seed_tot.engine.decode_spec import SETTINGS as DECODE_SETTINGS
 from seed_tot.engine.decode_spec import DecodeSpec, DecodeSpecError
 
@@ -51,6 +53,8 @@ class RunSettings:
     exploration: float  # mcts: UCT's c
     parallel_leaves: int  # mcts: leaves expanded per iteration (rows of m leaves per engine call)
     mcts_answer: str  # mcts: the answer path follows the most "visits" or the best mean "value"
+    attention: str  # how batched forwards read the KV pool: gather or pool (engine_settings.py)
+    compile: str  # whether fixed-shape forwards are compiled: auto (on CUDA), on or off
     task: str | None  # the task a config file was written for (informational)
     source: str | None  # the YAML file these settings came from
 
@@ -59,7 +63,7 @@ class RunSettings:
                  source: str | None = None, samples: int = DEFAULT_SAMPLES,
                  iterations: int = MCTSConfig.iterations, exploration: float = MCTSConfig.exploration,
                  parallel_leaves: int = MCTSConfig.parallel_leaves, mcts_answer: str = MCTSConfig.answer,
-                 **legacy: Any):
+                 attention: str = DEFAULT_ATTENTION, compile: str = DEFAULT_COMPILE, **legacy: Any):
         if legacy:  # RunSettings(mode=..., k_config=..., ...): the fields it had before `decode`
             warnings.warn(f"RunSettings({', '.join(f'{k}=' for k in legacy)}...) is deprecated: pass "
                           f"decode=DecodeSpec(...)", DeprecationWarning, stacklevel=2)
@@ -69,6 +73,7 @@ class RunSettings:
         self.max_expansions, self.task, self.source = max_expansions, task, source
         self.samples, self.iterations, self.exploration = samples, iterations, exploration
         self.parallel_leaves, self.mcts_answer = parallel_leaves, mcts_answer
+        self.attention, self.compile = attention, compile
 
     def decoding(self) -> DecodingSettings:
         return DecodingSettings(self.decode, temperature=self.search.temperature,
@@ -127,6 +132,13 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return check
 
 
+def _compile_word(value: Any) -> str:
+    # YAML 1.1 reads a bare on / off as true / false: they mean the words written
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return _one_of(tuple(COMPILE_WORDS))(value)
+
+
 def _mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"expected a mapping, got {value!r}")
@@ -157,6 +169,8 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "parallel_leaves": (_positive_int, False),
     "mcts_answer": (_one_of(ANSWER_CHOICES), False),
     "task": (_text, False),
+    "attention": (_one_of(ATTENTION_PATHS), False),
+    "compile": (_compile_word, False),
 }
 SETTING_KEYS = (*_KEYS, *DECODE_SETTINGS)
 

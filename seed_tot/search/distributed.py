@@ -83,6 +83,8 @@ class EngineSpec:
     dtype: str | None = None
     load_draft: bool = True
     cpu_linear: str | None = None  # None: $SEED_TOT_CPU_LINEAR of the actor, else onednn
+    attention: str = "gather"  # how batched forwards read the KV pool (engine/engine_settings.py)
+    compile: bool | None = None  # fixed-shape forwards compiled: None on CUDA only
     factory: Callable[[], GenerationEngine] | None = None
 
     def build(self) -> GenerationEngine:
@@ -91,7 +93,7 @@ class EngineSpec:
         from seed_tot.engine import Engine
         return Engine.from_pretrained(target=self.target, draft=self.draft, device=self.device, dtype=self.dtype,
                                       draft_layers=self.draft_layers, load_draft=self.load_draft,
-                                      cpu_linear=self.cpu_linear)
+                                      cpu_linear=self.cpu_linear, attention=self.attention, compile=self.compile)
 
 
 class EngineWorker:

@@ -122,8 +122,8 @@ def _read(path: Path) -> dict[str, Any]:
     return value
 
 
-# how rows share forwards: they change a run's speed, not what its records say
-_SCHEDULING = ("n_workers", "verify_batch", "draft_batch")
+# how rows share forwards and how forwards run: they change a run's speed, not what its records say
+_SCHEDULING = ("n_workers", "verify_batch", "draft_batch", "attention", "compile")
 _DRAFTING = ("k_config", "draft_policy", "policy_options")  # read only by modes that draft
 
 

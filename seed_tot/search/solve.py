@@ -366,6 +366,9 @@ def describe_summary(summary: dict[str, Any], output_dir: str | Path, wall_s: fl
              f"tokens/s, mode {summary.get('mode', '?')}")
     if summary.get("mode") in DRAFTING_MODES:
         speed += f", acceptance {summary.get('acceptance_rate', 0.0):.3f}"
+    engine = {k: (summary.get("settings") or {}).get(k, v) for k, v in (("attention", "gather"), ("compile", "auto"))}
+    if engine != {"attention": "gather", "compile": "auto"}:  # the engine path, said where not the default
+        speed += f", attention {engine['attention']}, compile {engine['compile']}"
     now = summary.get("solved_this_run", n)
     if now < n:  # a resumed run: its wall time covers its own problems, the figures all n records
         wall = "" if wall_s is None else f"wall {wall_s:.1f} s for {now} problem{'s' * (now != 1)}, "

@@ -5,6 +5,8 @@ import logging
 
 import click
 
+from seed_tot.cli_engine import engine_options
+from seed_tot.engine.engine_settings import describe as describe_engine
 from seed_tot.cli_options import (MODE_CHOICE, check_policy_setting, decode_setting, load_engine, model_options,
                                   parse_k_config, policy_kwargs, policy_options)
 
@@ -13,6 +15,7 @@ log = logging.getLogger(__name__)
 
 @click.command("serve")
 @model_options
+@engine_options
 @click.option("--mode", type=MODE_CHOICE, default=None,
               help="Decoding mode of every request that names none (default: seed where the engine can draft, "
                    "else parallel). A request may name its own (`mode` in the body).")
@@ -33,7 +36,8 @@ log = logging.getLogger(__name__)
 @click.option("--max-waiting", type=click.IntRange(min=0), default=256, show_default=True,
               help="Requests queued behind --max-running; past that a request gets 429 with Retry-After.")
 def serve_command(target, draft, draft_layers, device, dtype, mode, k_config, n_workers, verify_batch, draft_batch,
-                  draft_policy, policy_option, head_dir, host, port, served_model_name, max_running, max_waiting):
+                  draft_policy, policy_option, head_dir, host, port, served_model_name, max_running, max_waiting,
+                  attention, compile_forwards):
     """Serve the engine over OpenAI's HTTP API: /v1/completions, /v1/chat/completions, /v1/models,
     /health and /metrics (needs the `serve` extra: pip install "seed-tot[serve]").
 
@@ -53,11 +57,12 @@ def serve_command(target, draft, draft_layers, device, dtype, mode, k_config, n_
                       verify_batch=verify_batch, draft_batch=draft_batch,
                       **policy_kwargs(draft_policy, policy_option, head_dir))
     check_policy_setting(spec, "--policy-option")
-    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode] if mode else DRAFTING_MODES)
+    engine = load_engine(target, draft, draft_layers, device, dtype, modes=[mode] if mode else DRAFTING_MODES,
+                         attention=attention, compile_forwards=compile_forwards)
     if mode is None:
         spec = spec.replace(mode=engine.default_mode)
     name = served_model_name or target or DEFAULT_TARGET_HUB_ID  # the embedded model by its Hub id, not its file
     server = Server(EngineRunner(engine, spec, max_running, max_waiting), name)
-    click.echo(f"seed-tot serve: {name} (mode {spec.mode}, draft {engine.draft_name}) on http://{host}:{port}/v1",
-               err=True)
+    click.echo(f"seed-tot serve: {name} (mode {spec.mode}, draft {engine.draft_name}, "
+               f"{describe_engine(attention, compile_forwards)}) on http://{host}:{port}/v1", err=True)
     uvicorn.run(build_app(server), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
