@@ -99,6 +99,8 @@ def test_solve_with_yaml_pool_attention_gives_the_same_predictions_as_gather(tmp
     assert [r["prediction"] for r in pool] == [r["prediction"] for r in gather]
     assert [r["steps"] for r in pool] == [r["steps"] for r in gather]
     assert (pool_summary["settings"]["attention"], pool_summary["settings"]["compile"]) == ("pool", "off")
+    recorded = json.loads((tmp_path / "pool" / "run.json").read_text())["settings"]
+    assert (recorded["attention"], recorded["compile"]) == ("pool", "off")
     assert (gather_summary["settings"]["attention"], gather_summary["settings"]["compile"]) == ("gather", "auto")
 
 
