@@ -38,7 +38,7 @@ from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
 from ..params import SamplingParams
 from .auto import MAX_PROBE_GAP, NoDraft
-from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together
+from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
 from .fixed import FixedRound
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
@@ -162,7 +162,7 @@ class ChoosePolicy(DraftPolicy):
         return row
 
     def _pooled(self, params: SamplingParams) -> bool:
-        return self.load == "all" or (self.load == "greedy" and params.greedy)
+        return reads_others(params, self.load)
 
     def alpha(self, seq, source: str) -> float:
         """A row's acceptance estimate for a source: its own judged drafts, starting from its phase's
