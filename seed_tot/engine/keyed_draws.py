@@ -14,6 +14,12 @@ it takes (the idea of "drafter-invariant speculative decoding", Daliri, Musco an
 with Gumbel noise over the vocabulary; here one inverse-CDF uniform a position, which costs nothing
 more than the draw speculative sampling already makes).
 
+"The same tokens" holds in exact arithmetic, as greedy's identity does: in float32 two modes score a
+position in forwards of different shapes, whose logits round differently, and a draw whose uniform
+lies within that rounding of a token's cumulative boundary can come out as the neighbouring token
+(a greedy argmax flips the same way at a near tie, but a flat sampled p puts a boundary near u far
+more often). From there the two rows go on as two different samples, each exact.
+
 What it costs: a draft is accepted when it equals the keyed draw. A picked text draft (prompt lookup,
 suffix) is accepted with probability p(x), as under the ratio test. A drafted token from the draft
 model is drawn at the same uniform (`inverse_cdf(q_t, u(seed, t))`, "common random numbers"), so it
