@@ -408,6 +408,9 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @click.option("--draft-batch", callback=decode_setting("draft_batch"), default="auto", show_default=True,
               help="SEED ready workers drafted per draft forward (a number, 'all' or 'auto').")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--draft-invariant", is_flag=True,
+              help="Sampled: every mode draws each token at a uniform keyed by the seed and its position, so the "
+                   "modes write the same text and their wall times compare directly (docs/engine.md).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
               help=f"Per sequence (thoughts default {DEFAULT_THOUGHT_TOKENS}; tot-* default: the task config's).")
 @click.option("--data", callback=check_data_file, default=None, help="Local task data (thoughts: a GSM8K JSONL).")
@@ -434,7 +437,7 @@ def synthetic_banner(preset: str, alpha: float) -> str:
 @engine_options
 def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config, n_workers, verify_batch, draft_batch,
           temperature, max_new_tokens, data, limit, concurrency, output_dir, repeats, warmup, seed, json_file, trace_dir,
-          synthetic, alpha, jsonl_file, compile_forwards="auto", attention="gather"):
+          synthetic, alpha, jsonl_file, compile_forwards="auto", attention="gather", draft_invariant=False):
     """Benchmark the decoding modes on one workload and print a table."""
     specs = parse_modes(modes, DecodeSpec(k_config=k_config, n_workers=n_workers, verify_batch=verify_batch,
                                           draft_batch=draft_batch))
@@ -470,16 +473,19 @@ def bench(workload, modes, target, draft, draft_layers, device, dtype, k_config,
         # a tot-* solve's calls sample at this temperature too (apply_overrides), so its draft policies,
         # keyed by greedy or not, are the ones these params build (bench_modes builds them before timing)
         params = SamplingParams(max_new_tokens=max_new_tokens or DEFAULT_THOUGHT_TOKENS, temperature=temperature,
-                                seed=seed)
+                                seed=seed, draft_invariant=draft_invariant)
         if tot:
             run, description = tot_workload(workload, data, limit, temperature, max_new_tokens, seed, Path(tmp),
-                                            concurrency)
+                                            concurrency, draft_invariant)
         else:
             make = tot_step_workload if workload == "tot-step" else thoughts_workload
             run, description = make(engine, data, params)
         header = _header(engine, synth, workload, description, temperature, repeats, warmup)
         header["compile"] = {"setting": compile_forwards}  # and, after the run, what each model compiled
         header["attention"] = attention
+        header["draft_invariant"] = draft_invariant
+        if draft_invariant and not greedy:
+            header["title"] += "; draft-invariant sampling (a seed's tokens do not depend on the drafts)"
         stream = RowStream(header, (greedy, synth, tot, limit if tot else None), json_file, jsonl_file)
         try:
             reports = bench_modes(engine, run, specs, repeats, recorder, warmup, on_run=stream, params=params)

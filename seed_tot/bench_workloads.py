@@ -101,7 +101,7 @@ def tot_step_workload(engine, data: str | None, params: SamplingParams) -> tuple
 
 
 def tot_workload(workload: str, data: str | None, limit: int, temperature: float, max_new_tokens: int | None,
-                 seed: int, out_root: Path, concurrency: int = 1) -> tuple[Workload, str]:
+                 seed: int, out_root: Path, concurrency: int = 1, draft_invariant: bool = False) -> tuple[Workload, str]:
     from seed_tot.search import apply_overrides, load_settings, shipped_config, solve_dataset
     from seed_tot.tasks import get_task
 
@@ -109,7 +109,8 @@ def tot_workload(workload: str, data: str | None, limit: int, temperature: float
     if data is None and task.name != "blocksworld":
         raise click.UsageError(f"--workload {workload} needs --data PATH (bench does not download datasets)")
     settings = load_settings(shipped_config(task.name), base=task.config)
-    settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    settings = apply_overrides(settings, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                               draft_invariant=draft_invariant)
     examples = task.load(data, limit=limit)
 
     def run(eng, spec: ModeSpec, index: int) -> list[str]:

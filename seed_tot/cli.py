@@ -86,6 +86,9 @@ _GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"),
               help="SEED: ready draft workers drafted per draft forward (a number, 'all' or 'auto'; 1: one per forward, the paper's).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--draft-invariant", is_flag=True,
+              help="Sampled: draw each token at a uniform keyed by the seed and its position, so every mode and "
+                   "draft policy writes the same tokens for a seed (docs/engine.md).")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None, help="Write a Chrome/Perfetto trace here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
@@ -94,7 +97,7 @@ _GENERATE_MODE_OPTIONS = {**MODE_OPTIONS, "k_config": (*DRAFTING_MODES, "stpp"),
 @engine_options
 def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dtype, k_config, temperature, top_k, top_p,
              max_new_tokens, num_samples, n_workers, verify_batch, draft_batch, stop, seed, raw, trace_dir, as_json,
-             draft_policy, policy_option, head_dir, attention, compile_forwards, **pipeline):
+             draft_policy, policy_option, head_dir, attention, compile_forwards, draft_invariant=False, **pipeline):
     """Generate a completion for PROMPT (default: a GSM8K question) and print text and stats."""
     from seed_tot import SamplingParams
     from seed_tot.engine import summarize
@@ -106,7 +109,7 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     text = Path(prompt_file).read_text(encoding="utf-8-sig") if prompt_file else (prompt or DEFAULT_PROMPT)
     try:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                stop=stop, seed=seed)
+                                stop=stop, seed=seed, draft_invariant=draft_invariant)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if mode in PIPELINE_MODES:  # PipeDec and its baselines: N + 1 processes on torch.distributed
@@ -182,6 +185,9 @@ def _run_pipeline(engine, prompts, params, mode: str, k_config, as_json: bool, o
 @click.option("--breadth", type=int, default=None, help="States kept per step (default: the config's).")
 @click.option("--n-generate", type=int, default=None, help="Thoughts generated per state (default: the config's).")
 @click.option("--temperature", type=float, default=None, help="Of every call, 0 = greedy (default: the config's).")
+@click.option("--draft-invariant/--no-draft-invariant", default=None,
+              help="Sampled calls draw each token at a uniform keyed by its seed and position: the same text in "
+                   "every mode and draft policy (default: the config's, else off).")
 @click.option("--max-new-tokens", type=int, default=None, help="Caps every call (default: the config's).")
 @click.option("--n-workers", type=int, callback=decode_setting("n_workers"), default=None,
               help="SEED draft workers running at once (default: the config's).")

@@ -230,3 +230,14 @@ def test_the_openai_client_raises_its_own_error_types(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny", prompt="a", max_tokens=2, frequency_penalty=1.0)
     assert err.value.body["param"] == "frequency_penalty"
+
+
+def test_draft_invariant_samples_are_the_same_in_every_mode(client, engine):
+    """extra_body draft_invariant: a seed's n choices are the engine's keyed rows whatever the mode."""
+    kwargs = dict(model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=1.0, n=3, seed=5)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=5, draft_invariant=True)
+    refs = [r.text for r in engine.generate([PROMPTS[0]] * 3, params, mode="ar")]
+    for extra in ({"mode": "parallel"}, {"mode": "seed", "k_config": "2,1"}, {"draft_policy": "lookup"}):
+        out = client.completions.create(**kwargs, extra_body={"draft_invariant": True, **extra})
+        assert [c.text for c in out.choices] == refs, extra
+    assert len(set(refs)) > 1

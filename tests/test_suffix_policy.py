@@ -236,6 +236,9 @@ def test_the_choice_takes_what_pays_and_declines_what_does_not():
     steep = Costs(0.05, 0.01, 0.01, ((1, 0.05), (16, 0.06), (64, 1.0)))
     assert best_option(0.5, 0.5, 3, steep, 3, 1, graft=True) != (0, 0)
     assert best_option(0.5, 0.5, 3, steep, 3, 16, graft=True) == (0, 0)
+    # a long match whose later tokens cost more than they are likely to give is cut to its paying prefix:
+    # at 0.5 a token, with a verified token costing a sixth of a step, 2 of 4 (0.75 - 2/6 beats 0.94 - 4/6)
+    assert best_option(0.0, 0.5, 4, MILD, 3, 1, graft=True) == (0, 2)
     # two branches off one root: the better of the two at each depth, never less than either alone
     assert expected_accepted(0.5, 2, 0.5, 2) > expected_accepted(0.5, 2, 0.0, 0) == pytest.approx(0.75)
 

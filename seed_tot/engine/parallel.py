@@ -22,7 +22,7 @@ from .params import SamplingParams
 from .draft_tree import DraftTree
 from .sampling import process_logits
 from .sequence import Sequence
-from .verify import decide_alone
+from .verify import decide_row
 
 
 @torch.inference_mode()
@@ -53,7 +53,7 @@ def generate_parallel(model, seqs: list[Sequence], params: SamplingParams, vocab
                 seq.stats.target_forwards += 1 / active
                 seq.stats.target_query_tokens += 1
                 seq.stats.target_busy_s += busy / active
-                seq.append([decide_alone(empty, probs[row][None], params.greedy, seq.generator).tokens[-1]])
+                seq.append([decide_row(seq, empty, probs[row][None], params).tokens[-1]])
             next_ids.append(seq.generated[-1] if seq.generated else pad)
         if all(s.done for s in seqs):
             return

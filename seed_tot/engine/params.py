@@ -31,6 +31,9 @@ class SamplingParams:
     # draft sources read a search's earlier text and keep estimates per phase (engine/suffix_index.py)
     search_key: str = ""
     phase: str = ""
+    # sampled rows: draw each token at a uniform keyed by (seed, position) (engine/keyed_draws.py), so
+    # the row's tokens for a seed are the same in every mode and policy and beside any other rows
+    draft_invariant: bool = False
 
     def __post_init__(self) -> None:
         # Checked here, by type too: a value the sampler cannot use (top_k=1.5, stop=[1], seed=None)
@@ -57,10 +60,19 @@ class SamplingParams:
         for name in ("search_key", "phase"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.draft_invariant, bool):
+            raise ValueError(f"draft_invariant must be true or false, got {self.draft_invariant!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the row's tokens depend on nothing but the prompt, the model and the seed (greedy, or
+        sampled with draft_invariant): then what a draft policy decides, or what shares a forward,
+        cannot change them."""
+        return self.greedy or self.draft_invariant
 
 
 @dataclass

@@ -29,7 +29,8 @@ from .sampling import process_logits, processing_key
 from .sequence import Sequence
 from .target_features import TargetHidden
 from .host_to_device import to_device
-from .verify import Acceptance, decide_on_device, is_chain, row_uniforms
+from .keyed_draws import slot_uniforms
+from .verify import Acceptance, decide_on_device, is_chain, draw_keyed, row_uniforms
 
 log = logging.getLogger(__name__)
 
@@ -180,44 +181,58 @@ def _decide(jobs, scored: list[ScoredRow], vocab_size: int, params: SamplingPara
     rules = [params or seq.rule.params for seq, _, _ in jobs]
     greedy = [b for b, rule in enumerate(rules) if rule.greedy]
     # chains first, then branching trees (each kind one consecutive block of decide_on_device's
-    # rows), each grouped by params, so that each group's p is one process_logits call
-    sampled = sorted((b for b in range(len(jobs)) if not rules[b].greedy),
+    # rows), each grouped by params, so that each group's p is one process_logits call; the
+    # draft-invariant rows (keyed) a block of their own, grouped by params too
+    keyed = sorted((b for b in range(len(jobs)) if not rules[b].greedy and rules[b].draft_invariant),
+                   key=lambda b: processing_key(rules[b]))
+    sampled = sorted((b for b in range(len(jobs)) if not rules[b].greedy and not rules[b].draft_invariant),
                      key=lambda b: (not is_chain(jobs[b][1]), processing_key(rules[b])))
     # drawn once, before anything can fail: a row decided again alone below reuses its own draws
     uniforms = {b: row_uniforms(jobs[b][1], jobs[b][0].generator) for b in sampled}
+    uniforms.update({b: slot_uniforms(jobs[b][0], jobs[b][1].parents) for b in keyed})
     out: list = [None] * len(jobs)
     try:
-        _decide_together(jobs, scored, rules, vocab_size, greedy, sampled, uniforms, out)
+        _decide_together(jobs, scored, rules, vocab_size, greedy, keyed, sampled, uniforms, out)
     except Exception as err:
         if len(jobs) == 1:
             out[0] = err
             return out
         log.warning("deciding %d rows together failed (%r); deciding them one by one", len(jobs), err)
-        for b in greedy + sampled:
+        for b in greedy + keyed + sampled:
             try:
                 _decide_together(jobs, scored, rules, vocab_size, [b] if b in greedy else [],
-                                 [b] if b in uniforms else [], uniforms, out)
+                                 [b] if b in keyed else [], [b] if b in sampled else [], uniforms, out)
             except Exception as row_err:
                 out[b] = row_err
     return out
 
 
-def _decide_together(jobs, scored: list[ScoredRow], rules: list[SamplingParams], vocab_size: int,
-                     greedy: list[int], sampled: list[int], uniforms: dict[int, list[float]], out: list) -> None:
+def _processed(jobs, scored: list[ScoredRow], rules: list[SamplingParams], rows: list[int],
+               vocab_size: int) -> torch.Tensor:
+    """p after each of `rows`' roots and after each of their nodes, padded to the largest tree
+    [rows, width, V]: one process_logits call per run of equal params."""
+    logits = pad_sequence([scored[b].logits[scored[b].n_pending - 1: scored[b].n_pending + len(jobs[b][1])]
+                           for b in rows], batch_first=True)
+    groups, first = [], 0
+    for end in range(1, len(rows) + 1):
+        if end == len(rows) or processing_key(rules[rows[end]]) != processing_key(rules[rows[first]]):
+            groups.append(process_logits(logits[first:end], rules[rows[first]], vocab_size))
+            first = end
+    return torch.cat(groups) if len(groups) > 1 else groups[0]
+
+
+def _decide_together(jobs, scored: list[ScoredRow], rules: list[SamplingParams], vocab_size: int, greedy: list[int],
+                     keyed: list[int], sampled: list[int], uniforms: dict[int, list[float]], out: list) -> None:
     greedy_rows = [(jobs[b][1], scored[b].logits[scored[b].n_pending - 1:, :vocab_size]) for b in greedy]
-    probs = None
-    if sampled:
-        # p after each sampled row's root and after each of its nodes, padded to the largest tree
-        logits = pad_sequence([scored[b].logits[scored[b].n_pending - 1: scored[b].n_pending + len(jobs[b][1])]
-                               for b in sampled], batch_first=True)
-        groups, first = [], 0
-        for end in range(1, len(sampled) + 1):
-            if end == len(sampled) or processing_key(rules[sampled[end]]) != processing_key(rules[sampled[first]]):
-                groups.append(process_logits(logits[first:end], rules[sampled[first]], vocab_size))
-                first = end
-        probs = torch.cat(groups) if len(groups) > 1 else groups[0]
-    decided = decide_on_device(greedy_rows, [jobs[b][1] for b in sampled], probs, [uniforms[b] for b in sampled])
-    for b, acc in zip(greedy + sampled, decided):
+    probs = _processed(jobs, scored, rules, sampled, vocab_size) if sampled else None
+    keyed_tokens = None
+    if keyed:  # every keyed slot's draw in one inverse CDF: [slots, V] at [slots] uniforms
+        p = _processed(jobs, scored, rules, keyed, vocab_size)
+        keyed_tokens = draw_keyed(torch.cat([p[i, : len(jobs[b][1]) + 1] for i, b in enumerate(keyed)]),
+                                   [u for b in keyed for u in uniforms[b]])
+    decided = decide_on_device(greedy_rows, [jobs[b][1] for b in sampled], probs, [uniforms[b] for b in sampled],
+                               [jobs[b][1] for b in keyed], keyed_tokens)
+    for b, acc in zip(greedy + keyed + sampled, decided):
         out[b] = acc
 
 

@@ -24,8 +24,8 @@ held.
 Which rows read what (`share`): what a sampled row drafts changes which sample its seed gives (never
 the distribution), so by default a sampled row reads only text that does not depend on what runs
 beside it: its own row, and its search's finished calls in a fixed order (a search's calls run one
-after another, so those are the same whatever runs beside it). Greedy rows, whose output is the
-target's whatever they draft, read everything.
+after another, so those are the same whatever runs beside it). Greedy rows and draft-invariant sampled
+rows (keyed_draws.py), whose tokens no draft can change, read everything.
 """
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ class SuffixScopes:
         if nodes < 1:
             return []
         context = row.index.docs[0]
-        every = self.share == "all" or (self.share == "greedy" and seq.rule.params.greedy)
+        every = self.share == "all" or (self.share == "greedy" and seq.rule.params.deterministic)
         limit, match = self.candidates, self.max_match
         found = row.index.occurrences(context, limit, match)
         key = getattr(seq.rule.params, "search_key", "") or None

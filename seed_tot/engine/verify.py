@@ -19,6 +19,8 @@ they leave. That is exact because the ratio rule is exact against any current di
 emits x with probability r(x) overall), and the residual is what the target's p is, given that the
 deterministic candidates were rejected.
 Greedy is the same walk with one-hot p: accept the child equal to argmax p, else emit argmax p.
+A draft-invariant sampled row (keyed_draws.py) is that walk too, with the target's token at each slot
+drawn by inverse CDF at a uniform keyed by the row's seed and the slot's position, not argmax p.
 Every row of a verification is decided on the device, all rows together with one transfer of the
 decisions (`decide_on_device`, below): greedy rows by their argmaxes, sampled chains in one
 vectorised ratio test, sampled trees that branch by this walk vectorised over rows
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .draft_tree import DraftTree, check_packable, packed_tokens, place_device_tokens
+from .keyed_draws import slot_uniforms
 from .sampling import inverse_cdf, sample
 from .host_to_device import to_device
 from .tree_decision import tree_decisions
@@ -160,14 +163,30 @@ def row_uniforms(tree: DraftTree, generator: torch.Generator | None) -> list[flo
 
 
 def decide_alone(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
-                 generator: torch.Generator | None) -> Acceptance:
+                 generator: torch.Generator | None, keyed: list[float] | None = None) -> Acceptance:
     """One row decided exactly as a verification decides it among other rows (speculative.accept_rows):
-    a sampled row by `accept_sampled` with its own uniforms, a greedy one by its argmaxes. For callers
-    that verify one row outside the scheduler (PipeDec's stages), so that they draw, for a seed, the
-    tokens the scheduler's modes draw."""
+    a sampled row by `accept_sampled` with its own uniforms, a greedy one by its argmaxes, a
+    draft-invariant one (keyed: its slots' keyed uniforms, keyed_draws.slot_uniforms) by its keyed
+    draws. For callers that verify one row outside the scheduler (PipeDec's stages, batched decoding),
+    so that they draw, for a seed, the tokens the scheduler's modes draw."""
     if greedy:
         return accept_tokens(tree, target_probs, greedy, generator)
+    if keyed is not None:
+        return decide_on_device([], [], None, [], [tree], draw_keyed(target_probs, keyed))[0]
     return accept_sampled([tree], target_probs[None], [row_uniforms(tree, generator)])[0]
+
+
+def decide_row(seq, tree: DraftTree, target_probs: torch.Tensor, params) -> Acceptance:
+    """`decide_alone` with the row's own randomness: its generator's draws, or (draft_invariant) the
+    keyed uniforms of its tree's slots."""
+    keyed = slot_uniforms(seq, tree.parents) if params.draft_invariant and not params.greedy else None
+    return decide_alone(tree, target_probs, params.greedy, seq.generator, keyed)
+
+
+def draw_keyed(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """The target's token at every slot [n, V] -> [n]: the inverse CDF of its p at its keyed uniform
+    (keyed_draws.py), on p's device."""
+    return inverse_cdf(probs, to_device(uniforms, probs.device, torch.float64))
 
 
 def accept_sampled(trees: list[DraftTree], target_probs: torch.Tensor, uniforms: list[list[float]]) -> list[Acceptance]:
@@ -178,21 +197,26 @@ def accept_sampled(trees: list[DraftTree], target_probs: torch.Tensor, uniforms:
 
 
 def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list[DraftTree],
-                     sampled_probs: torch.Tensor | None, uniforms: list[list[float]]) -> list[Acceptance]:
+                     sampled_probs: torch.Tensor | None, uniforms: list[list[float]],
+                     keyed: list[DraftTree] = (), keyed_tokens: torch.Tensor | None = None) -> list[Acceptance]:
     """Every row of a verification, with one device-to-host transfer: greedy rows (their tree and the
     target's logits after the root and after each node, vocabulary-cut) by their argmaxes, sampled
-    rows as `accept_sampled`. Returns the greedy rows' acceptances, then the sampled rows'."""
+    rows as `accept_sampled`, draft-invariant rows (keyed) by the greedy walk over their keyed draws
+    (keyed_tokens: len(tree) + 1 per tree, in order, `keyed_draws`). Returns the greedy rows'
+    acceptances, then the keyed rows', then the sampled rows'."""
     chains = [b for b, tree in enumerate(sampled) if is_chain(tree)]
     branching = [b for b, tree in enumerate(sampled) if not is_chain(tree)]
     # draft tokens still on the draft's device (greedy picks, sampled draws) come back in the same
     # transfer, read first
-    waiting = [tree for tree in [tree for tree, _ in greedy] + sampled if tree.device_tokens is not None]
+    waiting = [tree for tree in [tree for tree, _ in greedy] + list(keyed) + sampled if tree.device_tokens is not None]
     parts = []
     if waiting:
-        device = greedy[0][1].device if greedy else sampled_probs.device
+        device = greedy[0][1].device if greedy else keyed_tokens.device if keyed else sampled_probs.device
         parts.append(torch.cat([tree.device_tokens for tree in waiting]).to(device))
     if greedy:
         parts.append(torch.cat([logits for _, logits in greedy]).argmax(-1))
+    if keyed:
+        parts.append(keyed_tokens)
     if chains:
         width = max(len(sampled[b]) for b in chains) + 1
         parts.append(_chain_decisions([sampled[b] for b in chains], _rows(sampled_probs, chains, width),
@@ -213,6 +237,10 @@ def decide_on_device(greedy: list[tuple[DraftTree, torch.Tensor]], sampled: list
         at += n
     for tree, logits in greedy:
         n = logits.shape[0]
+        out.append(accept_greedy(tree, decided[at: at + n]))
+        at += n
+    for tree in keyed:
+        n = len(tree) + 1
         out.append(accept_greedy(tree, decided[at: at + n]))
         at += n
     by_row: dict[int, Acceptance] = {}

@@ -77,7 +77,8 @@ class RunSettings:
 
     def decoding(self) -> DecodingSettings:
         return DecodingSettings(self.decode, temperature=self.search.temperature,
-                                max_new_tokens=self.search.max_new_tokens, seed=self.seed)
+                                max_new_tokens=self.search.max_new_tokens, seed=self.seed,
+                                draft_invariant=self.search.draft_invariant)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON values, flat as a config file is (summary.json's "settings")."""
@@ -124,6 +125,12 @@ def _non_negative(value: Any) -> float:
     return number
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -157,6 +164,7 @@ _KEYS: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "n_generate": (_positive_int, True),
     "breadth": (_positive_int, True),
     "temperature": (_temperature, True),
+    "draft_invariant": (_flag, True),
     "max_new_tokens": (_positive_int, True),
     "value_threshold": (_number, True),
     "extra": (_mapping, True),

@@ -49,15 +49,16 @@ class DecodingSettings:
     # per-kind budget, e.g. a short value call) is capped by it, and None means exactly this.
     max_new_tokens: int
     seed: int
+    draft_invariant: bool  # SamplingParams.draft_invariant of every call
 
     def __init__(self, spec: DecodeSpec | None = None, temperature: float = 1.0, max_new_tokens: int = 128,
-                 seed: int = 0, **decode: Any):
+                 seed: int = 0, draft_invariant: bool = False, **decode: Any):
         if decode:  # the fields DecodingSettings had before the DecodeSpec held them
             warnings.warn(f"DecodingSettings({', '.join(f'{k}=' for k in decode)}...) is deprecated: pass "
                           f"spec=DecodeSpec(...)", DeprecationWarning, stacklevel=2)
             spec = (spec or DecodeSpec()).replace(**decode)
         for name, value in (("spec", spec or DecodeSpec()), ("temperature", temperature),
-                            ("max_new_tokens", max_new_tokens), ("seed", seed)):
+                            ("max_new_tokens", max_new_tokens), ("seed", seed), ("draft_invariant", draft_invariant)):
             object.__setattr__(self, name, value)
 
 
@@ -155,7 +156,8 @@ class LLMCaller:
         s = self.settings
         params = SamplingParams(max_new_tokens=max_tokens, temperature=s.temperature, stop=stop,
                                 seed=self._base_seed + self._calls * SEED_STRIDE,
-                                search_key=self.search_key, phase=phase)  # text drafts' scopes (suffix_index.py)
+                                search_key=self.search_key, phase=phase,  # text drafts' scopes (suffix_index.py)
+                                draft_invariant=s.draft_invariant)
         self._calls += 1
         self.progress.phase = phase
         self.progress.steps += phase == "thought"

@@ -80,6 +80,9 @@ class SearchConfig:
     n_generate: int = 3  # thoughts sampled per frontier state (same prompt)
     breadth: int = 1  # b: states kept per step
     temperature: float = 1.0
+    # sampled calls draw each token at a uniform keyed by its seed and position (engine/keyed_draws.py):
+    # the same tokens in every mode and policy, so that modes compare on the same text
+    draft_invariant: bool = False
     max_new_tokens: int = 128
     value_threshold: float = 5.0  # DFS prunes states valued below this
     extra: dict[str, Any] = field(default_factory=dict)

@@ -77,7 +77,7 @@ class Server:
         try:
             return SamplingParams(max_new_tokens=max_tokens, temperature=temperature,
                                   top_k=max(0, req.top_k or 0), top_p=1.0 if req.top_p is None else req.top_p,
-                                  stop=stop, seed=seed)
+                                  stop=stop, seed=seed, draft_invariant=req.draft_invariant)
         except ValueError as err:
             raise bad_request(str(err), str(err).split(" ", 1)[0]) from None
 

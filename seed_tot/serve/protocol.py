@@ -49,6 +49,9 @@ class SamplingFields(DecodeSettings):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)  # vLLM: -1 or 0 is off
     seed: int | None = Field(None, ge=-(2 ** 63), le=2 ** 63 - 1)  # int64, as OpenAI's; row i samples with seed + i
+    # this server's own extra (extra_body): tokens drawn at uniforms keyed by seed and position, so a
+    # seed gives the same text whatever the server's mode, policy or load (engine/keyed_draws.py)
+    draft_invariant: bool = False
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -16,7 +16,7 @@ from ..draft_tree import DraftTree
 from ..sampling import process_logits
 from ..sequence import Sequence, StopRule
 from ..speculative import prefill
-from ..verify import decide_alone
+from ..verify import decide_row
 from .stages import StageKV, TargetStage
 from .tree import PredictionTree, expand_layer
 
@@ -158,7 +158,7 @@ class TargetRole(Role):
         if row is None:
             return -1
         probs = process_logits(row, self.params, self.vocab_size)[None]  # a plain decode step: an empty draft
-        return decide_alone(DraftTree.empty(probs.shape[-1]), probs, self.params.greedy, self.seq.generator).tokens[-1]
+        return decide_row(self.seq, DraftTree.empty(probs.shape[-1]), probs, self.params).tokens[-1]
 
     def apply(self, token: int) -> bool:
         old_root = self.tree.root

@@ -21,7 +21,7 @@ import torch
 
 from ..sampling import process_logits
 from ..speculative import commit_draft, draft_round
-from ..verify import decide_alone
+from ..verify import decide_row
 from .roles import Message, prompt_message
 
 from . import PIPELINE_MODES  # noqa: F401 - defined with the package, torch-free; launch.py reads it here
@@ -116,7 +116,7 @@ def run_stpp(roles, comm, n_stages: int, k_config: tuple[int, ...]) -> PipelineS
         if last is not None:
             rows = [last.logits[i] for i in ids]
             probs = process_logits(torch.stack(rows), last.params, last.vocab_size)
-            acc = decide_alone(tree, probs, last.params.greedy, last.seq.generator)
+            acc = decide_row(last.seq, tree, probs, last.params)
         acc = comm.share_acceptance(roles, acc)
         for role in roles:
             if role.is_draft:

@@ -57,7 +57,7 @@ from ..cost_model import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, Costs, c
 from ..draft_tree import DraftTree
 from ..params import SamplingParams
 from .base import (DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, flag_option, load_option, option,
-                   planned_together)
+                   planned_together, reads_others)
 from .fixed import FixedRound
 from .head import accept_probability
 
@@ -211,7 +211,7 @@ class AutoPolicy(DraftPolicy):
         """Whether a row with these params may read what other sequences saw: the rows `load` plans
         together. A sampled row under load=greedy reads only its own history and the prior, so its
         sample for a seed never depends on what ran before or beside it."""
-        return params is not None and (self.load == "all" or (self.load == "greedy" and params.greedy))
+        return params is not None and reads_others(params, self.load)
 
     def alpha(self, seq) -> float:
         """A sequence's acceptance estimate: its own judged drafts, starting from what every sequence

@@ -101,8 +101,9 @@ _LOAD_ALIASES = {"true": "greedy", "1": "greedy", "yes": "greedy", "on": "greedy
 
 def load_option(policy: str, value) -> str:
     """Option load= of the policies that price a batched round by what shares its forwards: greedy
-    (the default: greedy rows plan together, sampled rows alone, so a sampled row's tree and thus its
-    sample for a given seed never depend on the batch), all (sampled rows too: still exact in
+    (the default: rows whose tokens a draft cannot change -- greedy ones, and sampled ones with
+    draft_invariant -- plan together, other sampled rows alone, so their tree and thus their sample
+    for a given seed never depend on the batch), all (every sampled row too: still exact in
     distribution, but a sample then depends on what shared its forwards), off. true/false mean
     greedy/off."""
     text = _LOAD_ALIASES.get(str(value).lower(), str(value).lower())
@@ -111,9 +112,15 @@ def load_option(policy: str, value) -> str:
     return text
 
 
+def reads_others(params, load: str) -> bool:
+    """Whether a row with these params may be planned from what other rows saw or share with it,
+    under a policy's option `load` (`load_option`)."""
+    return load == "all" or (load == "greedy" and params.deterministic)
+
+
 def planned_together(seqs: list, load: str) -> list:
     """The rows a policy with option `load` plans jointly in a batched round."""
-    return [s for s in seqs if load == "all" or (load == "greedy" and s.rule.params.greedy)]
+    return [s for s in seqs if reads_others(s.rule.params, load)]
 
 
 class DraftPolicy:

@@ -38,7 +38,7 @@ from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
 from ..params import SamplingParams
 from .auto import MAX_PROBE_GAP, NoDraft
-from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together
+from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
 from .fixed import FixedRound
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
@@ -58,15 +58,16 @@ def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
 def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
                 graft: bool, one_pass: bool = False) -> tuple[int, int]:
     """(model chain length, suffix chain length) with the most expected accepted tokens minus what
-    their added seconds would give at the round's plain rate; (0, 0): a plain step. one_pass: the
-    model drafts its max_len levels in one forward (a ParallelSpec drafter) or not at all."""
+    their added seconds would give at the round's plain rate; (0, 0): a plain step. The suffix chain
+    may be cut to any prefix of its suffix_len nodes. one_pass: the model drafts its max_len levels
+    in one forward (a ParallelSpec drafter) or not at all."""
     rows = max(1, rows)
     base = costs.target(rows)
     rate = rows / base
     per_step = costs.draft(rows) / rows  # a draft step's share of one row in a round of `rows`
     best, best_gain = (0, 0), 0.0
     for k in ((0, max_len) if one_pass else range(max_len + 1)):
-        for l in ((0, suffix_len) if suffix_len else (0,)):
+        for l in range(suffix_len + 1):  # any prefix of the suffix chain: a long match may pay only in part
             if (k == 0 and l == 0) or (k and l and not graft):
                 continue
             added = costs.target(rows + k + l) - base + (min(k, 1) if one_pass else k) * per_step
@@ -162,7 +163,7 @@ class ChoosePolicy(DraftPolicy):
         return row
 
     def _pooled(self, params: SamplingParams) -> bool:
-        return self.load == "all" or (self.load == "greedy" and params.greedy)
+        return reads_others(params, self.load)
 
     def alpha(self, seq, source: str) -> float:
         """A row's acceptance estimate for a source: its own judged drafts, starting from its phase's

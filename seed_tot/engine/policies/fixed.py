@@ -13,6 +13,7 @@ import torch
 from ..params import SamplingParams, check_k_config
 from ..sampling import draw_without_replacement, process_by_params
 from ..host_to_device import to_device
+from ..keyed_draws import level_uniform
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder
 
 
@@ -121,6 +122,8 @@ class FixedRound(DraftRound):
         for j in order:
             n = len(frontiers[j])
             u[at: at + n, : widths[j]] = torch.rand(n, widths[j], dtype=torch.float64, generator=rounds[j].b.seq.generator)
+            if rounds[j].b.params.draft_invariant:  # the first child at the target's own keyed uniform (keyed_draws.py)
+                u[at: at + n, 0] = level_uniform(rounds[j].b.seq, rounds[j].depth)
             at += n
         u = to_device(u, q.device)  # every row's uniforms in one copy
         tokens = draw_without_replacement(q, u)

@@ -80,6 +80,7 @@ import torch
 from ..draft_tree import DETERMINISTIC
 from ..params import SamplingParams
 from ..host_to_device import to_device
+from ..keyed_draws import level_uniform
 from ..sampling import draw_without_replacement, multinomial, process_by_params
 from ..cost_model import Costs, load_costs
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, flag_option, load_option, option, planned_together
@@ -335,7 +336,10 @@ class ParallelSpecRound(DraftRound):
                                    generator=rounds[j].b.seq.generator)
                 at = 0
                 for d, (n, w) in enumerate(zip(groups, widths)):
+                    keyed = level_uniform(rounds[j].b.seq, d) if rounds[j].b.params.draft_invariant else None
                     for _ in range(n):
+                        if keyed is not None:  # a group's first draw at the target's keyed uniform (keyed_draws.py)
+                            draws[at] = keyed
                         index.append(first + d)
                         uniforms.append(torch.nn.functional.pad(draws[at: at + w], (0, s_width - w)))
                         at += w
