@@ -201,3 +201,18 @@ def test_the_config_key_is_read_checked_and_reaches_every_call(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_settings(bad)
     assert str(bad) in str(err.value) and "draft_invariant" in str(err.value) and "true or false" in str(err.value)
+
+
+@pytest.mark.parametrize("mode,k_config", [("pipedec", (2, 2)), ("stpp", (2, 2)), ("pp", (1,))])
+def test_pipeline_modes_write_the_keyed_sample_of_ar(mode, k_config):
+    """PipeDec and its baselines decide their rows alone (verify.decide_row) with the same keyed draws."""
+    from seed_tot.engine.pipeline import PipelineConfig, simulate
+    from test_sampling_lossless import VOCAB
+
+    target = tiny_model("llama", seed=21, vocab=VOCAB)
+    draft = noisy_copy(target, 0.6, seed=22)
+    params = _keyed(dataclasses.replace(SETTINGS["top_p"], max_new_tokens=8, seed=3))
+    prompts = [PROMPT, [2, 2, 5, 1], [7, 1], PROMPT]
+    reference = [r.token_ids for r in Engine(target).generate(prompts, params, mode="ar")]
+    outs = simulate(target, draft, prompts, params, PipelineConfig(mode=mode, n_stages=2, k_config=k_config), VOCAB)
+    assert [o.result.token_ids for o in outs] == reference
