@@ -8,14 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from seed_tot.cli import main
+from test_cli import run
 
 FIXTURES = "tests/fixtures"
-
-
-def run(*args: str) -> str:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.stdout
 
 
 @pytest.fixture
