@@ -21,10 +21,18 @@ log = logging.getLogger(__name__)
 
 HUB = ("openai/gsm8k", "main", "test")
 REQUIRED_PROMPTS = ("instruction", "examples", "thought_user", "answer_user", "step_header",
-                    "final_question", "final_header", "value_user", "value_prefix", "no_steps")
+                    "final_question", "final_header", "value_user", "value_prefix", "no_steps",
+                    "cot_user", "cot_prefix")
 
 # Stop before the model starts the next step (one call = one thought) or a new problem.
 STOP = ("\nSub-question", "\nQuestion:")
+# A chain of thought writes every step in one call: it stops only at a new problem.
+COT_STOP = ("\nQuestion:",)
+# New tokens per call: one step (a thought, or the answering step) and a whole chain of thought
+# (every step of the demonstrations' length and the answering one). The run's max_new_tokens
+# caps both, so it is the chain's.
+STEP_MAX_NEW_TOKENS = 128
+COT_MAX_NEW_TOKENS = 384
 
 # A number as written in a solution: optional sign and "$", thousands commas, decimals, or a
 # decimal with no integer part (".5", "$.50": read as 5 and 50 before). A comma belongs to the number
@@ -47,10 +55,10 @@ DEFAULT_VALUE = 5.0
 
 
 def default_config() -> SearchConfig:
-    return SearchConfig(depth=4, n_generate=3, breadth=1, temperature=1.0, max_new_tokens=128,
+    return SearchConfig(depth=4, n_generate=3, breadth=1, temperature=1.0, max_new_tokens=COT_MAX_NEW_TOKENS,
                         value_threshold=5.0,
                         extra={"value_min": VALUE_MIN, "value_max": VALUE_MAX,
-                               "value_max_new_tokens": 8})
+                               "value_max_new_tokens": 8, "step_max_new_tokens": STEP_MAX_NEW_TOKENS})
 
 
 def normalize_number(text: str) -> str:
@@ -153,7 +161,11 @@ class GSM8K:
             return self.answer_prompt(example, state)
         header = self.prompts["step_header"].format(k=state.depth + 1)
         return Prompt(user=self._user("thought_user", example),
-                      assistant_prefix=self._continue(state, header), stop=STOP)
+                      assistant_prefix=self._continue(state, header), stop=STOP,
+                      max_new_tokens=self._step_budget())
+
+    def _step_budget(self) -> int:
+        return self.config.extra.get("step_max_new_tokens", STEP_MAX_NEW_TOKENS)
 
     def extend(self, state: State, thought: str) -> State:
         """Append the step with its header, so each state reads as a self-contained solution."""
@@ -182,7 +194,18 @@ class GSM8K:
         states its answer; then one token is enough, as `prediction` ignores it."""
         return Prompt(user=self._user("answer_user", example),
                       assistant_prefix=self._continue(state, self._final_header(state.depth + 1)),
-                      stop=STOP, max_new_tokens=1 if _answered(state) else None)
+                      stop=STOP, max_new_tokens=1 if _answered(state) else self._step_budget())
+
+    def cot_prompt(self, example: Example) -> Prompt:
+        """The whole solution in one call (`--algorithm cot`, `cot-sc`): the steps the tree would
+        take one call each, then the answering step, as the demonstrations write them."""
+        return Prompt(user=self._user("cot_user", example), assistant_prefix=self.prompts["cot_prefix"],
+                      stop=COT_STOP, max_new_tokens=self.config.extra.get("cot_max_new_tokens", COT_MAX_NEW_TOKENS))
+
+    def cot_prediction(self, example: Example, chain: str) -> str:
+        """The chain as a solution (its last "The answer is N" is the one `extract_answer` reads)."""
+        i = chain.find(COT_STOP[0])
+        return f"{self.prompts['cot_prefix']} {(chain if i < 0 else chain[:i]).strip()}"
 
     # --- scoring ----------------------------------------------------------------------------
     def prediction(self, example: Example, state: State, answer: str) -> str:

@@ -63,6 +63,34 @@ def test_cot_is_one_chain():
     assert result.prediction == "q" and len(engine.calls) == 1 and len(engine.calls[0].prompts) == 1
 
 
+class ChainToy(ToyTask):
+    """A task with its own chain-of-thought prompt and reading of a chain."""
+
+    def cot_prompt(self, example: Example) -> Prompt:
+        return Prompt(user=f"chain {example.id}", stop=("\nQ:",), max_new_tokens=12)
+
+    def cot_prediction(self, example: Example, chain: str) -> str:
+        return chain.split("so ")[-1].strip()
+
+
+def test_cot_uses_the_tasks_own_chain_prompt_and_reading_where_it_has_them():
+    engine = ScriptedEngine(lambda user, copy: {"chain e1": ["a then b so x", "so y", "c so x"][copy]}[user])
+    result = self_consistency(caller_for(engine), ChainToy(SearchConfig(max_new_tokens=64)), EXAMPLE, samples=3)
+    (call,) = engine.calls
+    assert users(engine, 0) == ["chain e1"] * 3
+    assert call.params.stop == ("\nQ:",) and call.params.max_new_tokens == 12  # the chain prompt's own stop and budget
+    assert result.steps[0]["predictions"] == ["x", "y", "x"] and result.prediction == "x"
+
+
+def test_a_chain_reading_that_is_not_text_names_the_method():
+    class BadChainToy(ChainToy):
+        def cot_prediction(self, example: Example, chain: str):
+            return 7
+
+    with pytest.raises(TypeError, match="cot_prediction returned 7"):
+        self_consistency(caller_for(ScriptedEngine(lambda user, copy: "so x")), BadChainToy(), EXAMPLE, samples=1)
+
+
 # ---------------------------------------------------------------------------- MCTS
 def test_mcts_uct_exploits_then_stops_at_a_final_leaf():
     """c = 1, 3 iterations. 0: the root's children a (0.3) and b (0.7). 1: ln 1 = 0, so the
@@ -141,7 +169,8 @@ def test_mcts_settings_are_checked():
 ALL = ("bfs", "dfs", "cot", "cot-sc", "mcts")
 
 
-def solve(tmp_path: Path, algorithm: str, task=None, resume: bool = False, **options) -> dict:
+def solve(tmp_path: Path, algorithm: str, task=None, resume: bool = False, examples=EXAMPLES, concurrency: int = 1,
+          **options) -> dict:
     task = task or RangedToy()
     settings = load_settings(None, base=task.config)
     settings = apply_overrides(settings, algorithm=algorithm, **options)
@@ -154,8 +183,8 @@ def solve(tmp_path: Path, algorithm: str, task=None, resume: bool = False, **opt
             return str(len(path) % 10)
         return path or "b/b2"
 
-    return solve_dataset(ScriptedEngine(respond), task, EXAMPLES, settings=settings, output_dir=tmp_path,
-                         resume=resume)
+    return solve_dataset(ScriptedEngine(respond), task, examples, settings=settings, output_dir=tmp_path,
+                         resume=resume, concurrency=concurrency)
 
 
 @pytest.mark.parametrize("algorithm", ALL)
@@ -277,6 +306,22 @@ def test_compare_prints_accuracy_interval_tokens_and_problems_per_hour(tmp_path:
     assert rows[0]["n"] == 3 and rows[0]["problems_per_h"] > 0
     missing = CliRunner().invoke(main, ["compare", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "no results.jsonl" in missing.output
+
+
+def test_problems_per_hour_counts_every_sitting_and_what_a_concurrent_one_did_at_once(tmp_path: Path):
+    from seed_tot.search.compare import run_row
+    first = solve(tmp_path, "cot", examples=EXAMPLES[:2], concurrency=2)
+    assert [(s["solved"], s["concurrency"]) for s in first["sittings"]] == [(2, 2)]
+    summary = solve(tmp_path, "cot", resume=True)
+    sittings = summary["sittings"]
+    assert [(s["solved"], s["concurrency"]) for s in sittings] == [(2, 2), (1, 1)]
+    assert sittings[0] == first["sittings"][0] and all(s["wall_s"] > 0 for s in sittings)
+    assert run_row(tmp_path)["problems_per_h"] == pytest.approx(3600 * 3 / sum(s["wall_s"] for s in sittings))
+    # summarised again with nothing left to solve: no sitting added
+    assert solve(tmp_path, "cot", resume=True)["sittings"] == sittings
+    # a fresh run in a folder whose results were removed does not inherit the old summary's sittings
+    (tmp_path / "results.jsonl").unlink()
+    assert [s["solved"] for s in solve(tmp_path, "cot")["sittings"]] == [3]
 
 
 def test_cot_sc_chains_carry_their_engine_work_on_the_page(tmp_path: Path):

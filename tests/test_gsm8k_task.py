@@ -173,6 +173,26 @@ def test_answered_state_keeps_its_answer_and_needs_one_answer_token(task, exampl
     assert task.score(example, prediction)["answer"] == "7"
 
 
+def test_chain_of_thought_writes_every_step_in_one_call_and_reads_its_last_answer(task, example):
+    prompt = task.cot_prompt(example)
+    assert prompt.stop == ("\nQuestion:",)  # not "\nSub-question": the chain goes on past its first step
+    assert prompt.assistant_prefix == "Sub-question 1:" and QUESTION in prompt.user
+    assert prompt.max_new_tokens == 384 and task.config.max_new_tokens == 384  # the run's cap is the chain's
+    chain = (" How many apples did he buy?\nSub-answer 1: He bought 4.\nSub-question 2: What is the answer to the "
+             "original question?\nSub-answer 2: 3 + 4 = 7. The answer is 7.\nQuestion: Ann has 2 pens")
+    prediction = task.cot_prediction(example, chain)
+    assert prediction.startswith("Sub-question 1: How many") and "Ann" not in prediction
+    assert task.score(example, prediction)["correct"]
+    # the answer prompt's reading keeps one step: the chain's answer would be lost
+    assert not task.score(example, task.prediction(example, State(), chain))["correct"]
+
+
+def test_tree_steps_keep_their_own_budget_under_the_chains_cap(task, example):
+    assert task.thought_prompt(example, State()).max_new_tokens == 128
+    assert task.answer_prompt(example, State(("Sub-question 1: x",))).max_new_tokens == 128
+    assert task.value_prompt(example, State()).max_new_tokens == 8
+
+
 def test_load_fixture_gives_examples_with_line_index_ids(task):
     examples = task.load(str(FIXTURE))
     assert [e.id for e in examples] == ["0", "1", "2"]

@@ -33,8 +33,14 @@ def summarize_costs(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             for name in COST_FIELDS if name != "wall_s"}
 
 
-def problems_per_hour(mean_wall_s: float | None) -> float | None:
-    """One problem at a time: 3600 / the mean wall time per problem (a concurrent run did more)."""
+def problems_per_hour(mean_wall_s: float | None, sittings: Sequence[Mapping[str, Any]] = ()) -> float | None:
+    """Problems solved over the solving wall time of the run's sittings (summary.json; a concurrent
+    sitting solves several problems in one stretch of time); a run summarised before sittings
+    were recorded: 3600 / the mean wall time per problem, one problem at a time."""
+    solved = sum(int(s.get("solved", 0)) for s in sittings)
+    wall = sum(float(s.get("wall_s", 0.0)) for s in sittings)
+    if solved and wall > 0:
+        return 3600.0 * solved / wall
     return 3600.0 / mean_wall_s if mean_wall_s else None
 
 

@@ -2,7 +2,8 @@
 
 Each row: the run's task, algorithm (with its k, or its iterations and leaves) and decoding mode,
 its problems, accuracy with the Wilson 95% interval, mean new tokens, prompt tokens and engine
-calls per problem, and problems per hour (from the mean wall time per problem). Figures come from
+calls per problem, and problems per hour (problems over the solving wall time of the run's
+sittings, so a concurrent run counts what it did at once). Figures come from
 results.jsonl (every record the run holds, resumed parts included); the settings from summary.json,
 else run.json.
 """
@@ -69,7 +70,7 @@ def run_row(directory: str | Path) -> dict[str, Any]:
             "n": len(records), "scored": len(scored), "correct": right,
             "accuracy": right / len(scored) if scored else None, "interval": [low, high] if scored else None,
             "mean_new_tokens": figures.get("mean_new_tokens"), "mean_prompt_tokens": figures.get("mean_prompt_tokens"),
-            "mean_engine_calls": figures.get("mean_engine_calls"), "problems_per_h": problems_per_hour(figures.get("mean_wall_s"))}
+            "mean_engine_calls": figures.get("mean_engine_calls"), "problems_per_h": problems_per_hour(figures.get("mean_wall_s"), summary.get("sittings") or ())}
 
 
 def _cell(value: Any, digits: int = 1) -> str:

@@ -318,7 +318,8 @@ def solve_dataset_ray(pool: EnginePool, task: Task, examples: Sequence[Example],
                          policy=ray.get(pool.actors[first].policy_name.remote(settings))) as recorder:
         queue = deque(_Job(ex) for ex in recorder.todo)
         live = [i for i in range(len(pool.actors)) if i not in pool.retired]
-        idle = [w for _ in range(pool.concurrency) for w in live]  # one entry per free search slot, spread out
+        idle = [w for _ in range(pool.concurrency) for w in live]
+        recorder.concurrency = len(idle)  # searches in flight across the actors  # one entry per free search slot, spread out
         # A death fails every call in flight on that actor; `life` counts its restarts, so only the
         # first of those failures waits for the restart, and the slots come back once, after it.
         life = dict.fromkeys(range(len(pool.actors)), 0)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from seed_tot.engine.params import GenerationStats
 from seed_tot.search.protocol import Example, State, Task
+from seed_tot.search.cot import chain_prompt
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def node_work(calls: CallLog, task: Task, example: Example, steps: list[dict[str
 
 def _chain_work(calls: CallLog, task: Task, example: Example, step: dict[str, Any]) -> dict[str, Any]:
     """A CoT-SC step's work: each chain's answer sequence as its thought work, in one call."""
-    rendered = _render(calls, task.answer_prompt(example, State()))
+    rendered = _render(calls, chain_prompt(task, example))
     found = [calls.take(rendered, 0, chain) for chain in step.get("thoughts") or []]
     chains = [None if i is None else calls.sequences[i].work for i in found]
     call_ids = sorted({calls.sequences[i].call for i in found if i is not None})

@@ -131,6 +131,10 @@ class ResultsRecorder:
         self._fh = None
         self._bar = None
         self._done_postfix: dict[str, str] = {}
+        self._records_before = len(self.done)  # a resumed run's: their sittings are in its summary
+        self.concurrency = 1  # problems in flight at once (the caller sets it), for the sitting's record
+        self._started: float | None = None
+        self._solve_wall_s: float | None = None  # from entering to leaving: this sitting's solving time
 
     def _prepare(self, examples: Sequence[Example], resume: bool) -> None:
         task, settings, algorithm, models = self.task, self.settings, self.algorithm, self.models
@@ -176,9 +180,11 @@ class ResultsRecorder:
         self._bar = tqdm(total=total, initial=total - len(self.todo), desc=self.task.name, unit="problem",
                          file=sys.stderr, dynamic_ncols=True)
         self._fh = self.results_path.open("a", encoding="utf-8")
+        self._started = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._solve_wall_s = time.perf_counter() - self._started
         self._fh.close()
         self._bar.close()
         self.release()
@@ -236,13 +242,31 @@ class ResultsRecorder:
                         "k_config": list(settings.decode.k_config), "settings": settings.to_dict(),
                         "results": str(self.results_path),
                         # the rest of n came from results.jsonl (--resume): this run's wall time is theirs alone
-                        "solved_this_run": len(self.todo)})
+                        "solved_this_run": len(self.todo), "sittings": self._sittings()})
         failed = sum(1 for r in self.records() if "error" in r)  # problems no Ray worker survived
         if failed:
             summary["failed"] = failed
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
         log.info("%s: %d problems, summary in %s", self.task.name, summary["n"], self.out / SUMMARY_FILE)
         return summary
+
+    def _sittings(self) -> list[dict[str, Any]]:
+        """Every sitting's problems solved, solving wall time and concurrency, the earlier ones from
+        the summary this one replaces: problems per hour of a concurrent or resumed run is their
+        problems over their wall time (`seed-tot compare`), where 3600 / a problem's mean wall
+        time counts each concurrent problem as if it had the machine alone."""
+        earlier = []
+        try:
+            if not self._records_before:
+                raise FileNotFoundError  # a fresh run: no summary left in the folder speaks for it
+            previous = json.loads((self.out / SUMMARY_FILE).read_text(encoding="utf-8"))
+            earlier = [s for s in previous.get("sittings", []) if isinstance(s, dict)] if isinstance(previous, dict) else []
+        except (OSError, json.JSONDecodeError):
+            pass  # a first sitting, or a summary a kill cut: the rate starts from this sitting
+        if self._solve_wall_s is None or not self.todo:
+            return earlier  # nothing solved here (a finished run summarised again)
+        return earlier + [{"solved": len(self.todo), "wall_s": round(self._solve_wall_s, 3),
+                           "concurrency": self.concurrency}]
 
 
 def summarize_finished_run(task: Task, examples: Sequence[Example], settings: RunSettings,
@@ -299,6 +323,7 @@ def solve_dataset(engine: GenerationEngine, task: Task, examples: Sequence[Examp
                          resume=resume, models=model_names(engine), data=data,
                          policy=policy_that_runs(engine, settings),
                          endpoint=getattr(engine, "endpoint_identity", None)) as recorder:
+        recorder.concurrency = concurrency
         if concurrency == 1:
             caller = LLMCaller(engine, settings.decoding(), on_progress=recorder.show_progress)
             for example in recorder.todo:
