@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from seed_tot import DecodeSpec, Engine, SamplingParams
-from seed_tot.bench import (ModeSpec, bench_modes, format_table, summarize_reports, thoughts_workload,
-                            tot_step_workload, tot_workload)
+from seed_tot.bench import ModeSpec, bench_modes, thoughts_workload, tot_step_workload, tot_workload
+from seed_tot.bench_report import format_table, summarize_reports
 from seed_tot.engine.drafters import load_drafter
 from seed_tot.engine.models import DEFAULT_DRAFT_LAYERS, truncated_draft
 from seed_tot.engine.policies.auto import load_costs

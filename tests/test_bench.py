@@ -195,7 +195,8 @@ def test_presets_have_the_real_models_parameter_counts(preset, target_m, draft_m
 
 
 def test_a_mode_with_different_tokens_is_reported_as_not_matching():
-    from seed_tot.bench import ModeReport, ModeSpec, RunOutput, format_table, summarize_reports
+    from seed_tot.bench import ModeReport, ModeSpec, RunOutput
+    from seed_tot.bench_report import format_table, summarize_reports
     from seed_tot.engine.params import GenerationStats
 
     def report(mode: str, tokens: list[list[int]]) -> ModeReport:

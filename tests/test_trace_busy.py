@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seed_tot.bench import ModeReport, ModeSpec, RunOutput, summarize_reports
+from seed_tot.bench import ModeReport, ModeSpec, RunOutput
+from seed_tot.bench_report import summarize_reports
 from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import GenerationStats
 from seed_tot.trace import TraceRecorder, _Call
