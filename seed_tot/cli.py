@@ -11,8 +11,8 @@ import click
 
 from seed_tot.cli_endpoint import check_endpoint_options, endpoint_options, solve_on_endpoint
 from seed_tot.cli_algorithms import ALGORITHMS, algorithm_options, compare_command
-from seed_tot.cli_engine import engine_options
-from seed_tot.engine.engine_settings import compile_setting, describe as describe_engine
+from seed_tot.cli_engine import engine_options, refuse_engine_options
+from seed_tot.engine.engine_settings import DEFAULT_ATTENTION, DEFAULT_COMPILE, compile_setting, describe as describe_engine
 from seed_tot.cli_options import (DEFAULT_PROMPT, MODE_CHOICE, MODE_OPTIONS, check_data_file, check_mode_options,
                                   check_policy_setting, decode_setting, load_engine, model_options, parse_k_config,
                                   pipeline_options, policy_kwargs, policy_options)
@@ -113,6 +113,8 @@ def generate(prompt, prompt_file, mode, target, draft, draft_layers, device, dty
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if mode in PIPELINE_MODES:  # PipeDec and its baselines: N + 1 processes on torch.distributed
+        refuse_engine_options(attention, compile_forwards, f"--mode {mode} runs the target's stages as processes "
+                              "of their own, with per-stage caches and eager forwards")
         engine = load_engine(target, draft, draft_layers, device, dtype, modes=["ar" if mode == "pp" else "sd"])
         rendered = text if raw else engine.render_prompt(text)
         return _run_pipeline(engine, [rendered] * num_samples, params, mode, k_config, as_json, pipeline)
@@ -272,6 +274,12 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
                 write_run_page(output, task)
             _echo_summary(summary, output, as_json, time.perf_counter() - start)
             return
+    if api["api_base"] is not None:
+        unused = {k: v for k, v in (("attention", settings.attention), ("compile", settings.compile))
+                  if v != {"attention": DEFAULT_ATTENTION, "compile": DEFAULT_COMPILE}[k]}
+        if unused:  # from the config: the run goes on, as with other keys a mode does not read
+            log.warning("%s: %s apply to an engine in this process; the server at --api-base runs its own",
+                        settings.source or "config", ", ".join(f"{k}={v}" for k, v in unused.items()))
     if api["api_base"] is not None or ray_address is not None:
         start = time.perf_counter()
         summary = (solve_on_endpoint(api, api_decoding, task, examples, settings, output, resume, concurrency, source)

@@ -8,7 +8,8 @@ from seed_tot.cli_options import given_options
 
 # solve's options that load or trace an engine here: with --api-base the server holds the models
 _LOCAL_ENGINE_OPTIONS = ("target", "draft", "draft_layers", "device", "dtype", "head_dir", "trace_dir", "ray_address",
-                         "workers", "gpus_per_worker", "cpus_per_worker", "search_timeout")
+                         "workers", "gpus_per_worker", "cpus_per_worker", "search_timeout", "attention",
+                         "compile_forwards")
 # solve's decoding options -> the DecodeSpec field each sets, sent with every request when given
 _DECODING_OPTIONS = {"mode": "mode", "k_config": "k_config", "n_workers": "n_workers", "verify_batch": "verify_batch",
                      "draft_batch": "draft_batch", "draft_policy": "draft_policy", "policy_option": "policy_options"}

@@ -28,3 +28,13 @@ def engine_options(fn=None, *, default: bool = True):
             fn = option(fn)
         return fn
     return add(fn) if fn is not None else add
+
+
+def refuse_engine_options(attention: str | None, compile_forwards: str | None, where: str) -> None:
+    """A command whose forwards this process's engine does not run (`where` says whose they are)
+    refuses --attention/--compile set away from their defaults, rather than ignore them."""
+    given = [f"--{name} {value}" for name, value, default in (("attention", attention, DEFAULT_ATTENTION),
+                                                               ("compile", compile_forwards, DEFAULT_COMPILE))
+             if value is not None and value != default]
+    if given:
+        raise click.UsageError(f"{' and '.join(given)}: {where}, so the option would change nothing here")

@@ -136,6 +136,27 @@ def test_a_bad_yaml_engine_key_is_refused_before_any_model_loads(tmp_path, key, 
     assert f"{config}:2: key '{key}': expected one of {accepted}, got '{value}'" in result.output, result.output
 
 
+@pytest.mark.parametrize("mode", ["pipedec", "pp", "stpp"])
+def test_pipeline_modes_refuse_engine_paths_they_do_not_run(mode, no_model_loads):
+    """The pipeline's stages run their own eager forwards: --attention pool or --compile on would
+    change nothing, so they are refused, not ignored."""
+    for flag, value in (("--attention", "pool"), ("--compile", "on")):
+        result = CliRunner().invoke(main, ["generate", "Hi", "--mode", mode, flag, value])
+        assert result.exit_code == 2 and f"{flag} {value}: --mode {mode} runs" in result.output, result.output
+
+
+def test_an_api_base_run_warns_of_the_configs_engine_keys(tmp_path, caplog):
+    """From a config the run goes on (the other keys still apply), with a warning naming the keys."""
+    config = tmp_path / "pool.yaml"
+    config.write_text("depth: 1\nattention: pool\n")
+    with caplog.at_level("WARNING", logger="seed_tot"):
+        result = CliRunner().invoke(main, ["solve", "gsm8k", "--data", f"{FIXTURES}/gsm8k_small.jsonl", "--config",
+                                           str(config), "--output", str(tmp_path / "out"),
+                                           "--api-base", "http://127.0.0.1:1/v1"])
+    assert result.exit_code != 0  # nothing listens there
+    assert any("attention=pool apply to an engine in this process" in r.getMessage() for r in caplog.records)
+
+
 def test_the_python_entries_refuse_a_bad_setting_before_any_model_loads(no_model_loads):
     from seed_tot import Engine
     from seed_tot.synthetic import build_synthetic_engine

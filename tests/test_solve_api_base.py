@@ -201,6 +201,9 @@ def test_options_that_load_models_here_do_not_combine_with_api_base(data, tmp_pa
                                        "--api-base", "http://127.0.0.1:1/v1", "--target", "x", "--device", "cpu"])
     assert result.exit_code == 2 and "--target, --device do not apply" in result.output
     result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "o"),
+                                       "--api-base", "http://127.0.0.1:1/v1", "--attention", "pool", "--compile", "on"])
+    assert result.exit_code == 2 and "--attention, --compile do not apply" in result.output
+    result = CliRunner().invoke(main, ["solve", SHORT_TASK, "--data", data, "--output", str(tmp_path / "o"),
                                        "--api-model", "m"])
     assert result.exit_code == 2 and "--api-model only apply with --api-base" in result.output
 
