@@ -7,14 +7,15 @@ import datetime
 import json
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from seed_tot.engine.decode_spec import DRAFTING_MODES
 
-if TYPE_CHECKING:
-    from seed_tot.bench import ModeReport
+# A report is seed_tot.bench's ModeReport (its spec, runs, median, totals()); bench imports this
+# module, so the name stays unimported here and the annotations below name it by alias.
+ModeReport = Any
 
 HALF_DTYPES = ("bfloat16", "float16")
 

@@ -178,11 +178,12 @@ def untimed(value):
     """A record or summary without its clocks (which legitimately differ between runs) and without
     its forward counts: seed batches whatever rows are ready (the default batch sizes), so how many
     forwards a search took depends on the searches it shared an engine with; tokens do not. Nor the
-    CPU thread choice of a single-process run's engine, which follows the machine's load as clocks do."""
+    CPU thread choice of a single-process run's engine, which follows the machine's load as clocks do,
+    nor a sitting's concurrency (the workers that ran at once, not what they wrote)."""
     if isinstance(value, dict):
         return {k: untimed(v) for k, v in value.items()
                 if not (k.endswith(("_s", "_forwards", "_forward")) or k.endswith(CLOCK_RATIOS)
-                        or k in ("results", "cpu_threads"))}
+                        or k in ("results", "cpu_threads", "concurrency"))}
     if isinstance(value, list):
         return [untimed(v) for v in value]
     return value
