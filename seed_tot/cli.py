@@ -275,11 +275,12 @@ def solve(task_name, data, limit, offset, config_file, mode, target, draft, draf
             _echo_summary(summary, output, as_json, time.perf_counter() - start)
             return
     if api["api_base"] is not None:
-        unused = {k: v for k, v in (("attention", settings.attention), ("compile", settings.compile))
-                  if v != {"attention": DEFAULT_ATTENTION, "compile": DEFAULT_COMPILE}[k]}
+        unused = [f"{key}={value}" for key, value, default in (("attention", settings.attention, DEFAULT_ATTENTION),
+                                                                ("compile", settings.compile, DEFAULT_COMPILE))
+                  if value != default]
         if unused:  # from the config: the run goes on, as with other keys a mode does not read
             log.warning("%s: %s apply to an engine in this process; the server at --api-base runs its own",
-                        settings.source or "config", ", ".join(f"{k}={v}" for k, v in unused.items()))
+                        settings.source or "config", ", ".join(unused))
     if api["api_base"] is not None or ray_address is not None:
         start = time.perf_counter()
         summary = (solve_on_endpoint(api, api_decoding, task, examples, settings, output, resume, concurrency, source)
