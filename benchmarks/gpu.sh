@@ -7,7 +7,7 @@
 #      attention that reads the KV pool in place (FlexAttention), eager and graphed (pool-attention.jsonl);
 #   1. `tot-step` at alpha 0.4 with ar, parallel, seed, sd, seed@db1@vb1 (each mode's row shows the
 #      target's busy share, "target busy"), then `seed` again with the step loop's other schedule
-#      (tot-step-other-schedule: drafting and verification in turn), the A/B of the overlapped schedule;
+#      (tot-step-other-schedule: drafting overlapped with verification), the A/B of the overlapped schedule;
 #   2. replay-tot-step and replay-tot-gsm8k: the workloads on the replay-* preset, whose target replays
 #      a real SmolLM2-135M run's text (seed_tot/replay.py), with parallel, seed (the draft model),
 #      seed+suffix and seed+choose: the text drafts see real text. The recording fixes their problems
@@ -35,8 +35,8 @@
 # SHAPES), COMPILE (the bench steps' --compile: default off, so that they fit the call beside the step table,
 # which measures the compiled step; auto compiles on CUDA, one compile per bucket), and TRACE=1 (each bench
 # step also writes the Fig.-4 trace, GPU utilization per mode, under $OUT/trace-STEP; it needs nvidia-ml-py
-# and matplotlib). SEED_TOT_OVERLAP_DRAFTING=0 runs every step's drafting and verification in turn instead
-# of overlapped on two streams (the default on CUDA, seed_tot/engine/draft_stream.py); each bench's header
+# and matplotlib). SEED_TOT_OVERLAP_DRAFTING=1 overlaps every step's drafting with verification on two
+# streams instead of running them in turn (the default, seed_tot/engine/draft_stream.py); each bench's header
 # line and every rows.jsonl row say which ran (overlap_drafting).
 set -uo pipefail
 smoke=0
@@ -139,8 +139,8 @@ modes="${MODES:-ar,parallel,seed,sd,seed@db1@vb1}"
 step thoughts --workload thoughts --modes "$modes" --max-new-tokens "$tokens" --repeats "$repeats" --warmup "$warmup"
 step tot-step --workload tot-step --modes "$modes" --max-new-tokens "$tokens" --repeats "$repeats" --warmup "$warmup"
 # seed again with the step loop's other schedule, the A/B of drafting beside verification (draft_stream.py):
-# in turn where the device's default overlaps (CUDA), overlapped where it takes turns (the CPU)
-overlap="${SEED_TOT_OVERLAP_DRAFTING:-$([ "$device" = cuda ] && echo 1 || echo 0)}"
+# overlapped where the default takes turns, in turn where SEED_TOT_OVERLAP_DRAFTING=1 asks for the overlap
+overlap="${SEED_TOT_OVERLAP_DRAFTING:-0}"
 SEED_TOT_OVERLAP_DRAFTING="$([ "$overlap" = 0 ] && echo 1 || echo 0)" step tot-step-other-schedule --workload tot-step --modes parallel,seed --max-new-tokens "$tokens" \
   --repeats "$repeats" --warmup "$warmup"
 # replayed real text (step_preset: the replay-* twin of the preset); the recording's problems and tokens

@@ -52,10 +52,10 @@ def _kwargs(name: str) -> dict:
     return dict(draft_policy=_choose()) if name == "choose" else dict(POLICIES[name])
 
 
-def test_the_overlapped_schedule_is_on_for_cuda_and_off_for_the_cpu_by_default(monkeypatch):
-    """The default follows the device; $SEED_TOT_OVERLAP_DRAFTING overrides it, and a bad value is refused by name."""
+def test_the_overlapped_schedule_is_off_by_default_on_every_device(monkeypatch):
+    """In turn by default; a setting or $SEED_TOT_OVERLAP_DRAFTING turns the overlap on, and a bad value is refused by name."""
     monkeypatch.delenv(draft_stream.ENV, raising=False)
-    assert draft_stream.overlap_default("cuda") and not draft_stream.overlap_default("cpu")
+    assert not draft_stream.overlap_default("cuda") and not draft_stream.overlap_default("cpu")
     assert draft_stream.overlap_default("cpu", True) and not draft_stream.overlap_default("cuda", False)
     monkeypatch.setenv(draft_stream.ENV, "1")
     assert draft_stream.overlap_default("cpu")

@@ -38,9 +38,12 @@ _VALUES = {"1": True, "on": True, "true": True, "0": False, "off": False, "false
 
 def overlap_default(device: torch.device, setting: bool | None = None) -> bool:
     """Whether the step loop overlaps drafting with verification: `setting` when given, else
-    $SEED_TOT_OVERLAP_DRAFTING, else on for CUDA only. On the CPU the overlapped schedule has nothing
-    to run beside the target (one thread runs every forward, forward_thread.py) and splits the rows
-    into two verifications per round, so it stays off there unless asked for."""
+    $SEED_TOT_OVERLAP_DRAFTING, else off on every device. The overlapped schedule splits the rows
+    into two verifications per round; on the CPU there is nothing to run beside the target (one
+    thread runs every forward, forward_thread.py), and on a memory-bound GPU target a verification
+    of half the rows costs about what one of all of them does, so the split lost there too (the H200
+    tot-step and replay rows of docs/benchmarks.md, 2026-11-28). It stays for the A/B and for a pair
+    whose draft round costs about a verification."""
     if setting is not None:
         return bool(setting)
     value = os.environ.get(ENV, "").strip().lower()
@@ -48,7 +51,7 @@ def overlap_default(device: torch.device, setting: bool | None = None) -> bool:
         if value not in _VALUES:
             raise ValueError(f"${ENV}={os.environ[ENV]!r}: expected one of {', '.join(_VALUES)}")
         return _VALUES[value]
-    return torch.device(device).type == "cuda"
+    return False
 
 
 class NoStreams:
