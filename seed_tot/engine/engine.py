@@ -287,7 +287,10 @@ class Engine:
         load = min([len(seqs)] + [n for n in (spec.n_workers, spec.verify_limit) if n is not None])
         pricing = policy if with_draft and policy.prices_prefill else None
         if pricing is not None and not pricing.drafts_call(draft_prefill_tokens(self, seqs), len(seqs), params, load):
-            policy, with_draft = None, False  # plain target steps: the draft's prefill would cost more than it saves
+            # the draft's prefill would cost more than it saves: plain target steps, or the policy's
+            # rounds that need no draft model (DraftPolicy.declined)
+            policy = pricing.declined()
+            with_draft = False
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
         if pricing is not None:  # what this call outputs prices the next one of its kind
             future.add_done_callback(lambda done: report_lengths(done, pricing, params, seqs))

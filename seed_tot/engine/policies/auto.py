@@ -58,6 +58,7 @@ from ..draft_tree import DraftTree
 from ..params import SamplingParams
 from .base import (DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, flag_option, load_option, option,
                    planned_together, reads_others)
+from .call_pricing import MAX_PROBE_GAP, CallPricing, prefill_option
 from .fixed import FixedRound
 from .head import accept_probability
 
@@ -66,8 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_PROBE_GAP = 64
-PREFILL_PRICING = ("priced", "free")
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -111,12 +110,6 @@ def plan_lengths(alphas: list[float], pending: list[int], costs: Costs, max_len:
     return plan
 
 
-def _prefill_option(policy: str, value: str) -> str:
-    if value not in PREFILL_PRICING:
-        raise ValueError(f"draft policy {policy!r}: option prefill={value!r} must be one of {', '.join(PREFILL_PRICING)}")
-    return value
-
-
 def decode_saving(alpha: float, costs: Costs, max_len: int, rows: int) -> float:
     """Seconds per generated token that drafting saves at a load of `rows` rows planned together
     (`plan_lengths`, each row at acceptance alpha) against plain target steps of those rows; 0 when
@@ -152,16 +145,14 @@ class AutoPolicy(DraftPolicy):
         self._state: dict[int, _SeqState] = {}
         self.load = load_option(self.name, load)
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
-        self.prices_prefill = _prefill_option(self.name, prefill) == "priced"
-        self._declined, self._call_gap = 0, probe_every  # calls declined in a row; the call-level probe's gap
+        self.prices_prefill = prefill_option(self.name, prefill) == "priced"
+        self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
         self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
-        # per kind of call (_call_kind): [new tokens of its finished rows, rows], both decayed per call
-        self._lengths: dict[tuple, list[float]] = {}
 
     @classmethod
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
                       load="greedy", prefill="priced") -> dict:
-        _prefill_option(cls.name, prefill)
+        prefill_option(cls.name, prefill)
         return {"max_len": option(cls.name, "max_len", max_len, int, 1),
                 "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1),
@@ -234,41 +225,28 @@ class AutoPolicy(DraftPolicy):
             return True
         pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior and its
         alpha = self.call_alpha() if pooled else self.prior  # budget, never probed
-        tokens, shared = rows * self.expected_new_tokens(params, pooled), min(load or rows, rows)
-        saving = tokens * decode_saving(alpha, self.costs, self.max_len, shared)
         cost = self.costs.draft(prefill_tokens)
-        if saving > cost:
-            self._declined, self._call_gap = 0, self.probe_every
-            return True
-        # A declined call teaches the estimate nothing, so a low one would decline every later call.
-        # Where a better draft could repay the prefill, every _call_gap-th declined call drafts anyway
-        # (the gap doubles, as a sequence's probes do); where even a perfect one could not, none does.
-        could_pay = pooled and tokens * decode_saving(1.0, self.costs, self.max_len, shared) > cost
-        self._declined += could_pay
-        if could_pay and self._declined >= self._call_gap:
-            self._declined, self._call_gap = 0, min(MAX_PROBE_GAP, 2 * self._call_gap)
+        # a declined call teaches the estimate nothing: where a perfect draft could repay the prefill,
+        # one now and then drafts as a probe (call_pricing.py)
+        verdict, saving, tokens = self.calls.price(params, rows, load, pooled, alpha, cost, self.saving_per_token)
+        if verdict == "probe":
             log.info("auto: a call of %d rows drafts as a probe (acceptance estimate %.2f)", rows, alpha)
+        if verdict != "decline":
             return True
         log.info("auto: a call of %d rows decodes without its draft: at most %.3f s saved over %.0f new tokens "
                  "(acceptance %.2f) against %.3f s of draft prefill (%d prompt tokens)", rows, saving,
                  tokens, alpha, cost, prefill_tokens)
         return False
 
+    def saving_per_token(self, alpha: float, rows: int) -> float:
+        return decode_saving(alpha, self.costs, self.max_len, rows)
+
     def expected_new_tokens(self, params: SamplingParams, pooled: bool = True) -> float:
-        """New tokens per row a call with these params is priced at: what finished calls of its kind
-        output (decayed), else its budget. A row that must not read other calls (`_pooled`) gets its
-        budget, so that whether its call drafts, and thus its sample for a seed, depends on it alone."""
-        seen = self._lengths.get(_call_kind(params)) if pooled else None
-        if not seen or seen[1] <= 0:
-            return float(params.max_new_tokens)
-        return min(float(params.max_new_tokens), max(1.0, seen[0] / seen[1]))
+        """New tokens per row a call with these params is priced at (call_pricing.CallPricing)."""
+        return self.calls.expected_new_tokens(params, pooled)
 
     def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
-        if not new_tokens:
-            return
-        seen = self._lengths.setdefault(_call_kind(params), [0.0, 0.0])
-        seen[0] = self.decay * seen[0] + sum(new_tokens)
-        seen[1] = self.decay * seen[1] + len(new_tokens)
+        self.calls.call_finished(params, new_tokens)
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Plan this policy's rows of one batched draft round of `rows` rows in all. Rows planned
@@ -330,11 +308,6 @@ class AutoPolicy(DraftPolicy):
 def _forget(state: dict, planned: dict, key: int) -> None:
     state.pop(key, None)
     planned.pop(key, None)
-
-
-def _call_kind(params: SamplingParams) -> tuple:
-    """Calls whose rows stop by the same rules: a ToT search's thought calls, its value calls."""
-    return params.max_new_tokens, params.stop
 
 
 class NoDraft(DraftRound):

@@ -163,6 +163,12 @@ class DraftPolicy:
         is lossless trivially. Default: always draft."""
         return True
 
+    def declined(self) -> "DraftPolicy | None":
+        """What a call runs when `drafts_call` declines the draft model's prefill: None, plain target
+        steps; or a policy whose rounds never feed the draft model (`uses_draft_model` False), so the
+        call drafts from sources that need no draft cache (choose.py: its suffix source)."""
+        return None
+
     def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
         """Called once a call this policy priced (`prices_prefill`) has finished, drafted or declined,
         with each row's count of new tokens (default: nothing to learn)."""

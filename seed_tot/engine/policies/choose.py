@@ -16,6 +16,14 @@ pays changes from row to row and phase to phase, so each is priced every round:
                         its tokens come cheaper than a plain step's, as `auto` declines a draft
                         that does not pay (none scores 0).
 
+The draft model's prefill is priced per call, as `auto` prices it (option prefill=priced, the
+default): before a call drafts, what the model's chains could save over the call's expected output
+at its phase's model acceptance (call_pricing.py) is weighed against scoring its prompts through the
+draft. A call that declines runs the suffix source alone (`declined`): no draft cache, no draft
+prefill, no draft forward, the option priced per round as above with the model left out; now and
+then a declined call uses the model anyway as a probe, where a perfect draft could repay the prefill.
+Where the model's chains hardly add to the suffix source's, the prefill is what they cost most.
+
 a_m and a_s are running, decayed per-token acceptances of each row, starting from every row's of the
 same phase so far (SamplingParams.phase: thought, value, answer); a source not taken for a while is
 probed (as auto probes), the gap doubling after each probe that fails. Costs: engine/cost_model.py.
@@ -27,22 +35,26 @@ and thus its sample for a seed, depend on nothing that runs beside it (base.load
 
 Options: max_len (the model chain's longest; default len(k_config)), graft (allow both at once;
 default true: a round may then be a two-branch tree), prior (the estimates' start; default 0.5),
-probe_every (default 8), load (greedy|all|off), recalibrate, and the suffix source's (suffix.py:
+probe_every (default 8), load (greedy|all|off), prefill (priced|free), recalibrate, and the suffix source's (suffix.py:
 depth, width, min_prob, factor, candidates, run_tokens, share).
 """
 from __future__ import annotations
 
+import logging
 import weakref
 
 from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
 from ..params import SamplingParams
-from .auto import MAX_PROBE_GAP, NoDraft
+from .auto import MAX_PROBE_GAP, NoDraft, decode_saving
 from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
+from .call_pricing import CallPricing, prefill_option
 from .fixed import FixedRound
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
+
+log = logging.getLogger(__name__)
 
 
 def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
@@ -108,13 +120,15 @@ class ChoosePolicy(DraftPolicy):
 
     def __init__(self, costs: Costs, source: SuffixSource | None = None, max_len: int = 3, graft: bool = True,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 8,
-                 load: str = "greedy", model=None):
+                 load: str = "greedy", model=None, prefill: str = "priced"):
         if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1:
             raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1 and 0 < decay <= 1")
         self.costs, self.source = costs, source or SuffixSource(depth=max_len)
         self.max_len, self.graft, self.prior, self.prior_weight = max_len, graft, prior, prior_weight
         self.decay, self.probe_every = decay, probe_every
         self.load = load_option(self.name, load)
+        self.prices_prefill = prefill_option(self.name, prefill) == "priced"
+        self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
         # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
         # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
         self.model = model
@@ -124,15 +138,16 @@ class ChoosePolicy(DraftPolicy):
         self._rows: dict[int, _Row] = {}
         self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
         self._load: dict[int, int] = {}  # id(seq) -> the rows of its batched round (its plan)
+        self._suffix_only = SuffixOnly(self)  # what a call that declines the model's prefill runs
 
     @classmethod
-    def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", recalibrate="false",
-                      depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32, run_tokens=1 << 16,
-                      share="greedy") -> dict:
+    def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", prefill="priced",
+                      recalibrate="false", depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32,
+                      run_tokens=1 << 16, share="greedy") -> dict:
         return {"max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
                 "graft": flag_option(cls.name, "graft", graft), "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1), "load": load_option(cls.name, load),
-                "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
+                "prefill": prefill_option(cls.name, prefill), "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
                 "suffix": SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share)}
 
     @classmethod
@@ -150,7 +165,7 @@ class ChoosePolicy(DraftPolicy):
             from .parallelspec import ParallelSpecPolicy
             model = ParallelSpecPolicy.from_options(engine, k_config, params)
         return cls(load_costs(engine, recalibrate=o["recalibrate"]), SuffixSource(**suffix), max_len, o["graft"],
-                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model)
+                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model, prefill=o["prefill"])
 
     def _row(self, seq) -> _Row:
         row = self._rows.get(id(seq))
@@ -176,6 +191,35 @@ class ChoosePolicy(DraftPolicy):
                 start = pooled.value(self.prior, self.prior_weight)
         return self._row(seq).est[source].value(start, self.prior_weight)
 
+    def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
+        """Whether a call uses the draft model: what its chains alone could save over the call's expected
+        output, at the phase's model acceptance and `load` rows per forward, repays the draft's prefill
+        (the suffix source's share is not subtracted, so a call keeps the model wherever it would pay
+        alone). A declined call runs `declined()`: the suffix source alone."""
+        if not self.prices_prefill or rows < 1:
+            return True
+        pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior and its budget
+        alpha = self.prior
+        if pooled and (params.phase, "model") in self._phases:
+            alpha = self._phases[params.phase, "model"].value(self.prior, self.prior_weight)
+        cost = self.costs.draft(prefill_tokens)
+        verdict, saving, tokens = self.calls.price(params, rows, load, pooled, alpha, cost,
+                                                   lambda a, shared: decode_saving(a, self.costs, self.max_len, shared))
+        if verdict == "probe":
+            log.info("choose: a call of %d rows uses the draft model as a probe (model acceptance %.2f)", rows, alpha)
+        if verdict != "decline":
+            return True
+        log.info("choose: a call of %d rows drafts from the suffix source alone: the model's chains save at most "
+                 "%.3f s over %.0f new tokens (model acceptance %.2f) against %.3f s of draft prefill (%d prompt "
+                 "tokens)", rows, saving, tokens, alpha, cost, prefill_tokens)
+        return False
+
+    def declined(self) -> "SuffixOnly":
+        return self._suffix_only
+
+    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+        self.calls.call_finished(params, new_tokens)
+
     def plan_batch(self, seqs: list, rows: int) -> None:
         together = planned_together(seqs, self.load)
         self._load = {id(s): rows for s in together}
@@ -185,14 +229,17 @@ class ChoosePolicy(DraftPolicy):
     def clear_text(self) -> None:
         self.source.clear()
 
-    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+    def begin(self, seq, params: SamplingParams, vocab_size: int, model: bool = True) -> DraftRound:
+        """This round's draft of `seq`; model False (a call that declined the model's prefill): the
+        suffix chain or nothing."""
         row = self._row(seq)
         b = TreeBuilder(seq, params, vocab_size)
         nodes = self.source.draft(seq, b.remaining)
         chain = _chain(nodes)
         k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self.costs,
-                           self.max_len, self._load.pop(id(seq), 1), self.graft, self.model is not None)
-        k, l = self._probe(row, k, l, len(chain))
+                           self.max_len if model else 0, self._load.pop(id(seq), 1), self.graft,
+                           model and self.model is not None)
+        k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
         row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
@@ -208,9 +255,12 @@ class ChoosePolicy(DraftPolicy):
             return FixedRound(b, (1,) * k)
         return _GraftRound(b, (1,) * k, chain[:l])
 
-    def _probe(self, row: _Row, k: int, l: int, available: int) -> tuple[int, int]:
-        """Take a source not taken for `gap` rounds once, so its estimate can recover."""
+    def _probe(self, row: _Row, k: int, l: int, available: int, model: bool = True) -> tuple[int, int]:
+        """Take a source not taken for `gap` rounds once, so its estimate can recover (the model only
+        where the call runs it)."""
         for source, taken in (("model", k), ("suffix", l)):
+            if source == "model" and not model:
+                continue
             if taken or (source == "suffix" and not available):
                 row.idle[source] = 0
                 continue
@@ -243,6 +293,32 @@ class ChoosePolicy(DraftPolicy):
         if seq.done:
             self._rows.pop(id(seq), None)
             self._load.pop(id(seq), None)
+
+
+class SuffixOnly(DraftPolicy):
+    """choose's rounds for a call that declined the draft model's prefill: the suffix chain where it
+    pays, else a plain step, priced and judged by the choose policy it belongs to (its estimates, its
+    suffix source), never feeding the draft model."""
+
+    name = "choose"
+    uses_draft_model = False
+
+    def __init__(self, choose: ChoosePolicy):
+        self.choose = choose
+        self.drafts_trees = choose.source.width > 1
+
+    def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
+        return self.choose.begin(seq, params, vocab_size, model=False)
+
+    def observe(self, seq, tree, acceptance) -> None:
+        self.choose.observe(seq, tree, acceptance)
+
+    def clear_text(self) -> None:
+        self.choose.clear_text()
+
+    @property
+    def records(self) -> list[dict]:
+        return self.choose.records
 
 
 def _parallel_drafter(engine) -> bool:

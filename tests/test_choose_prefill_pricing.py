@@ -1,0 +1,95 @@
+"""`choose` prices the draft model's prefill per call, as `auto` does: a call whose prompts cost the
+draft more to score than the model's chains could save drafts from the suffix source alone (no draft
+cache, no draft prefill, no draft forward), and its output is still the target's: greedy tokens
+equal the target alone's, sampled ones follow its distribution and, keyed, equal `ar`'s."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from conftest import noisy_copy, reference_greedy, tiny_model
+from test_sampling_lossless import SETTINGS, assert_policy_samples_follow_the_target
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine import summarize
+from seed_tot.engine.cost_model import Costs
+from seed_tot.engine.policies import check_policy_options
+from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
+from seed_tot.engine.policies.suffix import SuffixSource
+
+# a GPU-like target (flat to 16 query tokens) and a draft whose prompt tokens cost about 10 ms each
+PRICED = Costs(0.05, 0.0, 0.005, ((1, 0.05), (16, 0.05), (64, 0.2)), ((1, 0.005), (32, 0.3), (128, 1.26)))
+# a draft whose every forward past one token costs a minute: no call can repay its prefill
+DEAR_PREFILL = Costs(0.05, 0.0, 0.005, ((1, 0.05), (16, 0.05), (64, 0.2)), ((1, 0.005), (2, 60.0)))
+REPEATING = [3, 17, 42, 8, 61, 5]
+LONG = [REPEATING * 25, [9, 1] + REPEATING * 24, [5, 5] + REPEATING * 24]  # 150-token prompts that repeat
+THOUGHT_12 = SamplingParams(max_new_tokens=12, temperature=0, search_key="s", phase="thought")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=3)
+    return target, noisy_copy(target, 0.005)
+
+
+def _policy(costs: Costs, **options) -> ChoosePolicy:
+    return ChoosePolicy(costs, SuffixSource(depth=4), max_len=3, **options)
+
+
+def test_a_call_keeps_the_model_only_where_its_chains_can_repay_the_prefill():
+    policy = _policy(PRICED)
+    assert policy.drafts_call(30, 2, SamplingParams(max_new_tokens=512, temperature=0))
+    assert not policy.drafts_call(3 * 149, 3, THOUGHT_12)
+    assert isinstance(policy.declined(), SuffixOnly) and not policy.declined().uses_draft_model
+    assert _policy(PRICED, prefill="free").drafts_call(3 * 149, 3, THOUGHT_12)
+
+
+@pytest.mark.parametrize("mode,batch", [("sd", 1), ("seed", None)])
+def test_a_declined_call_drafts_from_the_suffix_alone_and_equals_the_target_alone(pair, caplog, mode, batch):
+    target, draft = pair
+    engine, policy = Engine(target, draft), _policy(PRICED)
+    with caplog.at_level(logging.INFO, logger="seed_tot.engine.policies.choose"):
+        calls = [engine.generate(LONG, THOUGHT_12, mode=mode, draft_batch=batch, verify_batch=batch,
+                                 draft_policy=policy) for _ in range(2)]  # the second drafts from the first's text
+    assert "drafts from the suffix source alone" in caplog.text
+    for results in calls:
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 12) for p in LONG]
+    total = summarize([r for results in calls for r in results])
+    assert total.draft_prefills == total.draft_forwards == 0
+    assert total.drafted > 0 and total.accepted > 0  # the suffix source drafted, and the target took some
+
+
+def test_a_call_that_repays_the_prefill_runs_the_model_and_equals_the_target_alone(pair):
+    target, draft = pair
+    prompts = [[5, 9, 2], [4, 4, 8, 1]]
+    params = SamplingParams(max_new_tokens=40, temperature=0, phase="thought")
+    results = Engine(target, draft).generate(prompts, params, mode="seed", draft_policy=_policy(PRICED))
+    assert [r.token_ids for r in results] == [reference_greedy(target, p, 40) for p in prompts]
+    assert sum(r.stats.draft_prefills for r in results) > 0 and sum(r.stats.draft_forwards for r in results) > 0
+
+
+def test_a_declined_sampled_call_follows_the_target_distribution(monkeypatch):
+    import test_sampling_lossless as fixture
+
+    monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 4, 1, 4, 2])
+    target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
+    policy = ChoosePolicy(DEAR_PREFILL, SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+    results = assert_policy_samples_follow_the_target(target, noisy_copy(target, 0.6, seed=22), policy,
+                                                      "temperature", "seed", (1, 1), None)
+    assert sum(r.stats.draft_prefills + r.stats.draft_forwards for r in results) == 0
+
+
+def test_a_declined_keyed_sample_is_the_one_ar_writes(pair):
+    target, draft = pair
+    params = dataclasses.replace(SETTINGS["temperature"], max_new_tokens=12, seed=11, search_key="k",
+                                 draft_invariant=True)
+    reference = [r.token_ids for r in Engine(target).generate(LONG, params, mode="ar")]
+    results = Engine(target, draft).generate(LONG, params, mode="seed", draft_policy=_policy(DEAR_PREFILL))
+    assert [r.token_ids for r in results] == reference
+    assert sum(r.stats.draft_prefills for r in results) == 0
+
+
+def test_an_unknown_prefill_setting_is_refused_before_any_model_loads():
+    with pytest.raises(ValueError, match="prefill='sometimes' must be one of priced, free"):
+        check_policy_options("choose", {"prefill": "sometimes"})
