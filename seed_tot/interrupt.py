@@ -12,6 +12,7 @@ active exception"): so then the process ends with os._exit, as it does on a seco
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -88,8 +89,12 @@ def finish(err: KeyboardInterrupt, default: str = "stopped before it finished") 
     line = f"seed-tot: interrupted; {what}"
     if not stopped:
         _exit_now(line + " (a thread was still busy: ended at once)")
-    print(line, file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_CODE)
+    # Not SystemExit: a Ctrl-C that landed inside exec() of a string (a dataclass or namedtuple being
+    # built while a module imports) sets CPython's flag for an unhandled KeyboardInterrupt even though
+    # it was handled here, and the interpreter then ends itself by SIGINT (-2, not 130) after its
+    # finalisation. So the exit handlers (logging's flush, Ray's shutdown) run here, then the process ends.
+    atexit._run_exitfuncs()
+    _exit_now(line)
 
 
 def _forward_thread(thread: threading.Thread) -> bool:
