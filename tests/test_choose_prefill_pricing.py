@@ -34,7 +34,7 @@ def pair():
 
 
 def _policy(costs: Costs, **options) -> ChoosePolicy:
-    return ChoosePolicy(costs, SuffixSource(depth=4), max_len=3, **options)
+    return ChoosePolicy(costs, SuffixSource(depth=4), max_len=3, **options, costs_at="calibrated")
 
 
 def test_a_call_keeps_the_model_only_where_its_chains_can_repay_the_prefill():
@@ -74,7 +74,7 @@ def test_a_declined_sampled_call_follows_the_target_distribution(monkeypatch):
 
     monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 4, 1, 4, 2])
     target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
-    policy = ChoosePolicy(DEAR_PREFILL, SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+    policy = ChoosePolicy(DEAR_PREFILL, SuffixSource(depth=2, factor=2, share="all"), max_len=2, costs_at="calibrated")
     results = assert_policy_samples_follow_the_target(target, noisy_copy(target, 0.6, seed=22), policy,
                                                       "temperature", "seed", (1, 1), None)
     assert sum(r.stats.draft_prefills + r.stats.draft_forwards for r in results) == 0

@@ -93,7 +93,7 @@ def _runs(engine: Engine, params: SamplingParams) -> dict[str, list[list[int]]]:
         name = f"{mode} {kw}"
         runs[name] = [r.token_ids for r in engine.generate(PROMPTS, params, mode=mode, **kw)]
     flat = Costs(0.1, 0.0, 0.001)  # every source pays: both grafted
-    policy = ChoosePolicy(flat, SuffixSource(depth=4, share="all"), max_len=3)
+    policy = ChoosePolicy(flat, SuffixSource(depth=4, share="all"), max_len=3, costs_at="calibrated")
     runs["seed choose"] = [r.token_ids for r in engine.generate(PROMPTS, params, mode="seed", draft_policy=policy,
                                                                 draft_batch=None, verify_batch=None)]
     return runs

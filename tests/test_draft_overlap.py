@@ -36,7 +36,8 @@ def _engine(target, draft, overlap: bool = True) -> Engine:
 def _choose():
     from seed_tot.engine.policies.choose import ChoosePolicy
     from seed_tot.engine.policies.suffix import SuffixSource
-    return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+    return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2,
+                        costs_at="calibrated")
 
 
 POLICIES = {

@@ -25,7 +25,8 @@ def _policy(name: str, draft):
     if name == "choose":  # the draft model's chain and the suffix source's, grafted where both pay (flat costs)
         from seed_tot.engine.policies.choose import ChoosePolicy
         from seed_tot.engine.policies.suffix import SuffixSource
-        return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+        return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2,
+                            costs_at="calibrated")
     # prefill=free: these calls must draft (a call that declines runs parallel's steps, tested apart)
     return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2, prefill="free")
 

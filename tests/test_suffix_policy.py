@@ -248,7 +248,7 @@ def test_the_choice_takes_what_pays_and_declines_what_does_not():
 def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs):
     params = SamplingParams(max_new_tokens=40, temperature=0, search_key="s", phase="thought")
     engine = Engine(target, tiny_model("llama", seed=5))
-    policy = ChoosePolicy(costs, SuffixSource(depth=4), max_len=3)
+    policy = ChoosePolicy(costs, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
     for _ in range(2):  # the second call drafts from the first's outputs too
         results = engine.generate(PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
         for prompt, result in zip(PROMPTS, results):
@@ -264,7 +264,7 @@ def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs
 def test_choose_greedy_output_on_every_attention_type(arch_engine):
     arch, engine, refs = arch_engine
     params = SamplingParams(max_new_tokens=NEW, temperature=0, search_key="arch")
-    policy = ChoosePolicy(FLAT, SuffixSource(depth=3), max_len=2)
+    policy = ChoosePolicy(FLAT, SuffixSource(depth=3), max_len=2, costs_at="calibrated")
     for mode, batch in (("sd", 1), ("seed", 1), ("seed", None)):
         results = engine.generate(ARCH_PROMPTS, params, mode=mode, draft_batch=batch, verify_batch=batch,
                                   draft_policy=policy)
@@ -281,7 +281,7 @@ def test_choose_sampled_output_follows_the_target_distribution(mode, setting, ba
     monkeypatch.setattr(fixture, "PROMPT", [1, 4, 2, 4, 1, 4, 2])
     target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
     draft = noisy_copy(target, 0.6, seed=22)
-    policy = ChoosePolicy(FLAT, SuffixSource(depth=2, factor=2, share="all"), max_len=2)
+    policy = ChoosePolicy(FLAT, SuffixSource(depth=2, factor=2, share="all"), max_len=2, costs_at="calibrated")
     assert_policy_samples_follow_the_target(target, draft, policy, setting, mode, (1, 1), batch)
     assert sum(rec["drafted"] > 2 for rec in policy.records) > SAMPLES // 4  # grafted rounds really ran
 
@@ -361,7 +361,8 @@ def test_counters_sum_to_the_forwards_the_models_ran(name):
     target = tiny_model("llama", seed=3)
     draft = noisy_copy(target, 0.01)
     engine, target_log, draft_log = Engine(target, draft), ForwardLog(target), ForwardLog(draft)
-    policy = SuffixPolicy() if name == "suffix" else ChoosePolicy(FLAT, SuffixSource(depth=3), max_len=2)
+    policy = (SuffixPolicy() if name == "suffix"
+              else ChoosePolicy(FLAT, SuffixSource(depth=3), max_len=2, costs_at="calibrated"))
     for _ in range(2):
         results = engine.generate(COUNTED + [COUNTED[0] * 3], SamplingParams(max_new_tokens=12, temperature=0,
                                                                               search_key="c"),
@@ -433,7 +434,8 @@ def test_choose_with_a_parallelspec_drafter_is_exact(mode, batch, costs, feature
     prompts = [[1, 4, 2, 5, 1, 4, 2, 5, 1], [3, 3, 6, 3, 3], [7, 1, 2]]
     engine = Engine(target, drafter)
     depth = 3 if features else 2
-    policy = ChoosePolicy(costs, SuffixSource(depth=3), model=ParallelSpecPolicy(drafter, (1,), depth=depth))
+    policy = ChoosePolicy(costs, SuffixSource(depth=3), model=ParallelSpecPolicy(drafter, (1,), depth=depth),
+                          costs_at="calibrated")
     params = SamplingParams(max_new_tokens=24, temperature=0, search_key="s", phase="value")
     for _ in range(2):
         results = engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)

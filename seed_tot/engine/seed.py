@@ -410,7 +410,10 @@ class SeedScheduler:
     def _finish_verifications(self, launched: list[tuple[list[VerifyJob], dict[int, float], object]]) -> None:
         """Decide, commit and observe each launched forward's jobs (one host read per forward)."""
         for jobs, starts, scored in launched:
+            accept_start = time.perf_counter()
             outcomes = _accept_isolated(self.engine.target_runtime, jobs, scored, self.engine.vocab_size)
+            if not isinstance(scored, Exception):
+                self._report_forward(jobs, scored, time.perf_counter() - accept_start)
             for job, outcome in zip(jobs, outcomes):
                 call = job.call
                 if isinstance(outcome, Exception):  # confined to this job's call
@@ -431,6 +434,19 @@ class SeedScheduler:
                     "enqueued": job.enqueued, "accepted": len(outcome.path), "resampled": outcome.resampled,
                     "batch": len(jobs)})
                 self._ready(job.seq, call)
+
+    def _report_forward(self, jobs: list[VerifyJob], scored: list, accept_s: float) -> None:
+        """Tell each policy with rows in a verification forward what it cost: rows, query tokens, and
+        the seconds of its launch and of deciding (which on a GPU waits for the forward itself)."""
+        tokens = sum(row.n_pending + len(job.tree) for job, row in zip(jobs, scored))
+        seconds = scored[0].busy_s + accept_s
+        # one report per policy state: a declined call's policy shares its owner's (base.DraftPolicy.owner)
+        owners = {id(job.call.policy.owner): job.call for job in jobs if job.call.policy is not None}
+        for call in owners.values():
+            try:
+                call.policy.owner.observe_forward(len(jobs), tokens, seconds)
+            except Exception as err:  # the policy's own fault: its call's alone
+                self._end(call, SeedError(f"the draft policy failed after a verification: {err!r}"), err)
 
     def _end(self, call: _Call, error: BaseException | None, cause: BaseException | None = None) -> None:
         if not any(not c.over for c in self._calls if c is not call):

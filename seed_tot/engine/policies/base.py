@@ -182,6 +182,17 @@ class DraftPolicy:
         """Forget the text kept from earlier calls (the suffix source's scopes), so that a benchmark run
         starts as cold as a fresh engine (Engine.clear_prefix_cache); default: none kept."""
 
+    @property
+    def owner(self) -> "DraftPolicy":
+        """The policy whose estimates this one's rounds feed (itself; a `declined()` policy may share its
+        owner's), so that the scheduler reports each forward to each owner once."""
+        return self
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
+        """Called once per verification forward that verified rows of this policy's calls: its rows,
+        query tokens and seconds from launch to the decisions read back (what a round costs at the
+        run's load: load_costs.py). Default: nothing to learn."""
+
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         """Called after each verification with what the target accepted (default: nothing to learn)."""
         records = self.records

@@ -33,9 +33,15 @@ proposals, tried before the model's draws in their sibling group, verify.py). A 
 load=greedy, the default) decides from its own history and a round of one row only, so its choices,
 and thus its sample for a seed, depend on nothing that runs beside it (base.load_option).
 
+Costs at the run's load (option costs=measured, the default): a row that may read other rows (greedy,
+or drafter-invariant sampling) is priced with load_costs.py's fit of the verification forwards the
+scheduler reports (rows, query tokens, seconds), not with the calibration's one-row curve, which on a
+CPU under-prices what a drafted token adds to a round of long-history rows; costs=calibrated keeps it.
+
 Options: max_len (the model chain's longest; default len(k_config)), graft (allow both at once;
 default true: a round may then be a two-branch tree), prior (the estimates' start; default 0.5),
-probe_every (default 8), load (greedy|all|off), prefill (priced|free), recalibrate, and the suffix source's (suffix.py:
+probe_every (default 8), load (greedy|all|off), prefill (priced|free), costs (measured|calibrated),
+recalibrate, and the suffix source's (suffix.py:
 depth, width, min_prob, factor, candidates, run_tokens, share).
 """
 from __future__ import annotations
@@ -45,6 +51,7 @@ import weakref
 
 from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
+from ..load_costs import LoadCosts, cost_pricing_option
 from ..params import SamplingParams
 from .auto import MAX_PROBE_GAP, NoDraft, decode_saving
 from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
@@ -120,7 +127,7 @@ class ChoosePolicy(DraftPolicy):
 
     def __init__(self, costs: Costs, source: SuffixSource | None = None, max_len: int = 3, graft: bool = True,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 8,
-                 load: str = "greedy", model=None, prefill: str = "priced"):
+                 load: str = "greedy", model=None, prefill: str = "priced", costs_at: str = "measured"):
         if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1:
             raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1 and 0 < decay <= 1")
         self.costs, self.source = costs, source or SuffixSource(depth=max_len)
@@ -128,6 +135,8 @@ class ChoosePolicy(DraftPolicy):
         self.decay, self.probe_every = decay, probe_every
         self.load = load_option(self.name, load)
         self.prices_prefill = prefill_option(self.name, prefill) == "priced"
+        # rounds of rows that may read other rows are priced at the load measured so far (load_costs.py)
+        self.load_costs = LoadCosts(costs) if cost_pricing_option(self.name, costs_at) == "measured" else None
         self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
         # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
         # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
@@ -142,12 +151,14 @@ class ChoosePolicy(DraftPolicy):
 
     @classmethod
     def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", prefill="priced",
-                      recalibrate="false", depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32,
+                      costs="measured", recalibrate="false", depth=None, width=1, min_prob=0.1, factor=1.0,
+                      candidates=32,
                       run_tokens=1 << 16, share="greedy") -> dict:
         return {"max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
                 "graft": flag_option(cls.name, "graft", graft), "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1), "load": load_option(cls.name, load),
-                "prefill": prefill_option(cls.name, prefill), "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
+                "prefill": prefill_option(cls.name, prefill), "costs": cost_pricing_option(cls.name, costs),
+                "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
                 "suffix": SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share)}
 
     @classmethod
@@ -165,7 +176,8 @@ class ChoosePolicy(DraftPolicy):
             from .parallelspec import ParallelSpecPolicy
             model = ParallelSpecPolicy.from_options(engine, k_config, params)
         return cls(load_costs(engine, recalibrate=o["recalibrate"]), SuffixSource(**suffix), max_len, o["graft"],
-                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model, prefill=o["prefill"])
+                   o["prior"], probe_every=o["probe_every"], load=o["load"], model=model, prefill=o["prefill"],
+                   costs_at=o["costs"])
 
     def _row(self, seq) -> _Row:
         row = self._rows.get(id(seq))
@@ -203,8 +215,9 @@ class ChoosePolicy(DraftPolicy):
         if pooled and (params.phase, "model") in self._phases:
             alpha = self._phases[params.phase, "model"].value(self.prior, self.prior_weight)
         cost = self.costs.draft(prefill_tokens)
-        verdict, saving, tokens = self.calls.price(params, rows, load, pooled, alpha, cost,
-                                                   lambda a, shared: decode_saving(a, self.costs, self.max_len, shared))
+        verdict, saving, tokens = self.calls.price(
+            params, rows, load, pooled, alpha, cost,
+            lambda a, shared: decode_saving(a, self._costs(params, shared), self.max_len, shared))
         if verdict == "probe":
             log.info("choose: a call of %d rows uses the draft model as a probe (model acceptance %.2f)", rows, alpha)
         if verdict != "decline":
@@ -236,9 +249,9 @@ class ChoosePolicy(DraftPolicy):
         b = TreeBuilder(seq, params, vocab_size)
         nodes = self.source.draft(seq, b.remaining)
         chain = _chain(nodes)
-        k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self.costs,
-                           self.max_len if model else 0, self._load.pop(id(seq), 1), self.graft,
-                           model and self.model is not None)
+        rows = self._load.pop(id(seq), 1)
+        k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self._costs(params, rows),
+                           self.max_len if model else 0, rows, self.graft, model and self.model is not None)
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
@@ -254,6 +267,17 @@ class ChoosePolicy(DraftPolicy):
         if l == 0:
             return FixedRound(b, (1,) * k)
         return _GraftRound(b, (1,) * k, chain[:l])
+
+    def _costs(self, params: SamplingParams, rows: int):
+        """What a round of `rows` rows is priced with: the measured load's costs for a row whose drafts
+        cannot change its tokens (timings must not steer a sample), else the calibration."""
+        if self.load_costs is not None and self._pooled(params):
+            return self.load_costs.at(rows)
+        return self.costs
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
+        if self.load_costs is not None:
+            self.load_costs.observe(rows, tokens, seconds)
 
     def _probe(self, row: _Row, k: int, l: int, available: int, model: bool = True) -> tuple[int, int]:
         """Take a source not taken for `gap` rounds once, so its estimate can recover (the model only
@@ -312,6 +336,10 @@ class SuffixOnly(DraftPolicy):
 
     def observe(self, seq, tree, acceptance) -> None:
         self.choose.observe(seq, tree, acceptance)
+
+    @property
+    def owner(self) -> ChoosePolicy:
+        return self.choose
 
     def clear_text(self) -> None:
         self.choose.clear_text()

@@ -1,0 +1,102 @@
+"""Target forward costs measured at the load a run actually has (`choose`'s option costs=measured).
+
+The calibration (cost_model.py) times one row scoring n query tokens after a 64-token prefix, once
+per machine. A ToT run's verifications are something else: several rows, each over its own history
+of hundreds of tokens, gathered per layer, and a round in which one row drafts pads every row's
+queries to its width. On the 2-core CPU, six 700-token rows decode in about 1.5x the calibrated
+cost of six query tokens, and a drafted token adds about 3x the calibrated slope
+(docs/benchmarks.md, "Costs measured at the run's load"), so a policy priced by the calibration takes
+drafts whose tokens cost more than a plain step's.
+
+So the scheduler reports every verification forward it runs (rows, query tokens, seconds from
+launch to the decisions read back: `DraftPolicy.observe_forward`), and this keeps a decayed least
+squares fit of
+
+    seconds = a + b x query tokens + c x rows
+
+held by a ridge toward the calibrated curve's line (which says: query tokens alone, c = 0), so that
+before any forward the fit is the calibration, and along a direction the run has not explored (rows
+that never drafted leave b and c apart unseen) it stays near it. `at(rows)` is a `Costs`-like view for a
+round of `rows` rows: its target(n) reads the fit at those rows; its draft costs are the calibration's.
+
+The seconds are wall-clock, so only a row whose drafts cannot change its tokens (greedy, or
+drafter-invariant sampling: base.reads_others) may be priced with them; any other sampled row keeps
+the calibration, so that its sample for a seed never depends on how fast the machine was.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cost_model import Costs
+
+COST_PRICING = ("measured", "calibrated")
+# where the calibrated curve's line is read (rows, query tokens), and the scale of a round's tokens and rows
+PRIOR_POINTS = ((1, 1), (1, 8), (4, 4), (4, 16), (16, 16), (16, 48))
+TYPICAL_TOKENS = 8.0
+
+
+def cost_pricing_option(policy: str, value: str) -> str:
+    """The policy option costs=measured|calibrated, checked."""
+    if value not in COST_PRICING:
+        raise ValueError(f"draft policy {policy!r}: option costs={value!r} must be one of {', '.join(COST_PRICING)}")
+    return value
+
+
+class LoadCosts:
+    """A decayed least-squares fit of verification seconds on (1, query tokens, rows), starting from
+    the calibrated `Costs`."""
+
+    def __init__(self, calibrated: Costs, decay: float = 0.97, prior_weight: float = 0.1):
+        if not 0 < decay <= 1 or prior_weight <= 0:
+            raise ValueError("LoadCosts needs 0 < decay <= 1 and prior_weight > 0")
+        self.calibrated, self.decay = calibrated, decay
+        self.forwards = 0  # verification forwards observed
+        # the prior: the calibrated curve's line in query tokens (rows add nothing), held with the weight
+        # of `prior_weight` forwards at a typical round's scale, never decayed, so a direction the run
+        # has not explored (rows that never drafted leave tokens and rows apart unseen) stays the prior's
+        x = np.array([[1.0, tokens, rows] for rows, tokens in PRIOR_POINTS])
+        y = np.array([calibrated.target(tokens) for _, tokens in PRIOR_POINTS])
+        self._prior = np.linalg.lstsq(x, y, rcond=None)[0]
+        self._penalty = prior_weight * np.diag([1.0, TYPICAL_TOKENS ** 2, TYPICAL_TOKENS ** 2])
+        self._xtx, self._xty = np.zeros((3, 3)), np.zeros(3)
+        self._coef = self._prior.copy()
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        """One verification forward of `rows` rows and `tokens` query tokens took `seconds`."""
+        if rows < 1 or tokens < rows or not seconds > 0:
+            return
+        x = np.array([1.0, tokens, rows])
+        self._xtx = self.decay * self._xtx + np.outer(x, x)
+        self._xty = self.decay * self._xty + x * seconds
+        self.forwards += 1
+        # least squares with a ridge toward the prior: (X'X + P) coef = X'y + P prior
+        coef = np.linalg.solve(self._xtx + self._penalty, self._xty + self._penalty @ self._prior)
+        # a forward of more tokens or rows never costs less: a negative slope is noise of a narrow spread
+        coef[1], coef[2] = max(coef[1], 0.0), max(coef[2], 0.0)
+        self._coef = coef
+
+    def target(self, rows: int, tokens: int) -> float:
+        """Seconds of one verification forward of `rows` rows carrying `tokens` query tokens."""
+        a, b, c = self._coef
+        return max(a + b * tokens + c * rows, 1e-6)
+
+    def at(self, rows: int) -> "AtLoad":
+        return AtLoad(self, rows)
+
+
+class AtLoad:
+    """The costs a round of `rows` rows is planned with: target(n) from the fit at those rows, the
+    draft model's steps from the calibration (what `best_option` and `decode_saving` read)."""
+
+    def __init__(self, costs: LoadCosts, rows: int):
+        self.load, self.rows = costs, max(1, rows)
+        self.draft_step_s = costs.calibrated.draft_step_s
+
+    def target(self, tokens: int) -> float:
+        return self.load.target(self.rows, tokens)
+
+    def draft(self, tokens: int) -> float:
+        return self.load.calibrated.draft(tokens)
+
+    def extra_token(self, tokens: int) -> float:
+        return self.target(tokens + 1) - self.target(tokens)

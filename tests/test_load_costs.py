@@ -1,0 +1,117 @@
+"""`choose` prices rounds with the costs measured at the run's load (load_costs.py): a decayed fit of
+the verification forwards the scheduler reports, starting from the calibration. The fit follows
+what it is shown and never makes more tokens cheaper; the choice it feeds declines a draft the
+measured load makes dear, only for rows whose drafts cannot change their tokens; every forward is
+reported once per policy; and greedy output stays the target's."""
+from __future__ import annotations
+
+import pytest
+from conftest import reference_greedy, tiny_model
+
+from seed_tot import Engine, SamplingParams
+from seed_tot.engine import seed as seed_module
+from seed_tot.engine.cost_model import Costs
+from seed_tot.engine.load_costs import LoadCosts, cost_pricing_option
+from seed_tot.engine.policies import check_policy_options
+from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly, best_option
+from seed_tot.engine.policies.suffix import SuffixSource
+
+CHEAP_TOKENS = Costs(0.06, 0.001, 0.001)  # the calibration: a drafted token costs 1/60 of a step
+REPEATING = [3, 17, 42, 8, 61, 5, 3, 17, 42, 8]
+PROMPTS = [REPEATING, [9, 1, 77], [5, 5, 5, 5, 2]]
+
+
+def truth(rows: int, tokens: int) -> float:
+    return 0.1 + 0.02 * tokens + 0.01 * rows
+
+
+def test_before_any_forward_the_fit_is_the_calibration():
+    costs = LoadCosts(CHEAP_TOKENS)
+    for rows, tokens in ((1, 1), (6, 6), (6, 9), (20, 40)):
+        assert costs.target(rows, tokens) == pytest.approx(CHEAP_TOKENS.target(tokens), rel=1e-6)
+    assert costs.at(6).draft(4) == CHEAP_TOKENS.draft(4)
+
+
+def test_the_fit_follows_the_measured_forwards():
+    costs = LoadCosts(CHEAP_TOKENS)
+    for i in range(200):
+        rows = 1 + i % 9
+        tokens = rows + (i * 7) % (2 * rows + 1)  # plain rounds and rounds with drafts
+        costs.observe(rows, tokens, truth(rows, tokens))
+    for rows, tokens in ((1, 1), (6, 6), (6, 12), (9, 27)):
+        assert costs.target(rows, tokens) == pytest.approx(truth(rows, tokens), rel=0.02)
+    view = costs.at(6)
+    assert view.extra_token(6) == pytest.approx(0.02, rel=0.05)  # what a drafted token adds to a round
+
+
+def test_a_change_of_load_is_followed():
+    costs = LoadCosts(CHEAP_TOKENS)
+    for i in range(100):
+        rows = 2 + i % 5
+        costs.observe(rows, rows + i % 3, 0.05)
+    for i in range(150):
+        rows = 2 + i % 5
+        tokens = rows + i % 3
+        costs.observe(rows, tokens, 2 * truth(rows, tokens))
+    assert costs.target(4, 5) == pytest.approx(2 * truth(4, 5), rel=0.05)
+
+
+def test_noise_never_makes_more_tokens_or_rows_cheaper():
+    costs = LoadCosts(CHEAP_TOKENS)
+    for i in range(100):
+        tokens = 4 + i % 8
+        costs.observe(4, tokens, 0.2 - 0.01 * tokens)  # a dip: more tokens timed faster
+    assert costs.target(4, 12) >= costs.target(4, 4)
+    assert costs.target(8, 8) >= costs.target(4, 8)
+    costs.observe(0, 4, 1.0)  # refused: no rows
+    costs.observe(4, 2, 1.0)  # refused: fewer tokens than rows
+    costs.observe(4, 4, 0.0)  # refused: no time
+    assert costs.forwards == 100
+
+
+def test_a_bad_costs_option_is_refused_before_any_forward():
+    assert cost_pricing_option("choose", "measured") == "measured"
+    with pytest.raises(ValueError, match="option costs='timed' must be one of measured, calibrated"):
+        check_policy_options("choose", {"costs": "timed"})
+
+
+def test_choose_declines_a_draft_the_measured_load_makes_dear():
+    policy = ChoosePolicy(CHEAP_TOKENS, SuffixSource(depth=4), max_len=3)
+    greedy = SamplingParams(max_new_tokens=8, temperature=0)
+    invariant = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1, draft_invariant=True)
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=1)
+    # at the calibration, a suffix draft accepted at 0.4 a token pays in a round of 6 rows
+    assert best_option(0.0, 0.4, 3, policy._costs(greedy, 6), 3, 6, graft=True) != (0, 0)
+    for i in range(60):  # the run's forwards: a drafted token adds 0.7 of a plain row's share at 6 rows
+        rows = 4 + i % 4
+        tokens = rows + i % 5
+        policy.observe_forward(rows, tokens, 0.05 + 0.02 * tokens)
+    for params in (greedy, invariant):  # drafts cannot change these rows' tokens: the load prices them
+        assert best_option(0.0, 0.4, 3, policy._costs(params, 6), 3, 6, graft=True) == (0, 0)
+        assert best_option(0.0, 0.9, 3, policy._costs(params, 6), 3, 6, graft=True) != (0, 0)  # a sure one still pays
+    # an ordinary sampled row keeps the calibration: the machine's speed must not steer its sample
+    assert policy._costs(sampled, 6) is CHEAP_TOKENS
+    assert best_option(0.0, 0.4, 3, policy._costs(sampled, 6), 3, 6, graft=True) != (0, 0)
+    calibrated = ChoosePolicy(CHEAP_TOKENS, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
+    calibrated.observe_forward(6, 12, 5.0)
+    assert calibrated.load_costs is None and calibrated._costs(greedy, 6) is CHEAP_TOKENS
+
+
+@pytest.mark.parametrize("batch", [1, None])
+def test_every_verification_forward_is_reported_once_and_greedy_output_is_the_targets(batch, monkeypatch):
+    target = tiny_model("llama", seed=21)
+    engine = Engine(target, tiny_model("llama", seed=5))
+    policy = ChoosePolicy(CHEAP_TOKENS, SuffixSource(depth=4), max_len=3)  # costs measured (the default)
+    assert SuffixOnly(policy).owner is policy  # a declined call's reports reach the policy it belongs to
+    forwards = []
+    score_rows = seed_module.score_rows
+    monkeypatch.setattr(seed_module, "score_rows",
+                        lambda runtime, jobs: forwards.append(len(jobs)) or score_rows(runtime, jobs))
+    params = SamplingParams(max_new_tokens=24, temperature=0, search_key="s", phase="thought")
+    for _ in range(2):
+        results = engine.generate(PROMPTS, params, mode="seed", draft_batch=batch, verify_batch=batch,
+                                  draft_policy=policy)
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 24) for p in PROMPTS]
+    assert policy.load_costs.forwards == len(forwards) > 0
+    if batch is None:
+        assert max(forwards) > 1  # batched rounds were reported with their rows
