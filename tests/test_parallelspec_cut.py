@@ -195,8 +195,9 @@ def test_a_sampled_level_is_never_kept_or_cut_by_its_own_draw():
 
 
 def test_a_row_planned_for_a_round_that_never_began_leaves_no_cut_for_a_later_row(drafter):
-    """A round that failed between `plan_batch` and a row's `begin` must not leave that row's joint cut
-    under its id, which a later sequence may reuse: the next plan replaces every pending entry."""
+    """A round that failed between `plan_batch` and a row's `begin`, or a row a wrapping policy drafted
+    without the model, must not leave that row's joint cut under its id, which a later sequence (or
+    the same row, planned alone) may read: the next plan replaces every pending entry."""
     policy = ParallelSpecPolicy(drafter, (1,), depth=3, costs=STEEP)
 
     class Row:
@@ -209,3 +210,7 @@ def test_a_row_planned_for_a_round_that_never_began_leaves_no_cut_for_a_later_ro
     assert set(policy._joint) == {id(r) for r in later}
     first_cut = policy._joint[id(later[0])]
     assert policy._joint[id(later[1])] is first_cut  # the rows of one round share one cut
+    # a row left without the model's round (choose drafted it from text) and then planned alone: a plan
+    # of one row cuts alone, and must not hand that row the cut its earlier round made without it
+    policy.plan_batch([later[0]], 1)
+    assert policy._joint == {}

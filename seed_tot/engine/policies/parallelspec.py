@@ -177,12 +177,15 @@ class ParallelSpecPolicy(DraftPolicy):
         return policy
 
     def plan_batch(self, seqs: list, rows: int) -> None:
+        # a fresh map per plan, a plan that cuts nothing jointly too: a row planned for a round that
+        # failed before its `begin`, or that a policy wrapping this one (choose.py) drafted without the
+        # model, must not leave its cut under an id a later row may reuse; a cut already made would
+        # not know that row (draft_rows plans and begins one round at a time)
+        self._joint = {}
         jointly = planned_together(seqs, self.load)
         if self.costs is None or rows <= 1 or not jointly:
             return
         cut = _JointCut(self.costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
-        # a fresh map per plan: a row planned for a round that failed before its `begin` must not leave
-        # its cut under an id a later row may reuse (draft_rows plans and begins one round at a time)
         self._joint = {id(s): cut for s in jointly}
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
