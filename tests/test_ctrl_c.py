@@ -20,6 +20,20 @@ STOP_BOUND_S = 60.0  # from the SIGINT to the exit
 START_BOUND_S = 180.0  # from the start to the point the test interrupts (torch import, model load)
 
 
+@pytest.fixture(autouse=True)
+def children_hear_ctrl_c():
+    """The subprocesses take SIGINT as a terminal's process does. A test run started in the background
+    by a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, exec keeps an ignored signal
+    ignored, and Python then installs no handler of its own, as it should for a user's `nohup seed-tot
+    ...`: so this process handles it while the tests run (a handled signal resets to default at exec)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Command:
     """A `seed-tot` subprocess whose stderr is read as it comes."""
 
