@@ -121,9 +121,10 @@ def policy_options(fn):
         click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.decode_spec", "POLICIES"), default=None,
                      help="fixed (k_config shapes; the default of sd, mcsd, and seed with a tree k_config or on a GPU), opt-tree, "
                           "specdec, auto (the default of seed on a CPU with a draft model and a chain k_config), parallelspec "
-                          "(the default with a ParallelSpec --draft DIR), lookup (prompt lookup, no draft model; "
+                          "(a ParallelSpec drafter's rounds, every round), lookup (prompt lookup, no draft model; "
                           "the default with --draft lookup), suffix (the run's own text, no draft model) or choose "
-                          "(per row and round: the draft model, the suffix draft, both or none, by expected gain)."),
+                          "(per row and round: the draft model, the suffix draft, both or none, by expected gain; "
+                          "the default with a ParallelSpec drafter, the embedded one's too)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
                      help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2, ngram=3."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,
@@ -165,7 +166,7 @@ def policy_kwargs(draft_policy, policy_option, head_dir) -> dict:
         options["head"] = head_dir
     if not draft_policy:
         # options without a policy name set the engine's default policy (e.g. the shipped
-        # drafter's parallelspec: --policy-option lookup=0), as README documents
+        # drafter's choose, which passes lookup=0 to its drafter's rounds), as README documents
         return {"policy_options": options} if options else {}
     return {"draft_policy": draft_policy, "policy_options": options}
 

@@ -43,7 +43,7 @@ def test_a_named_policy_and_a_drafters_own_default_come_before_auto(llama_pair):
     assert engine.policy_name("fixed", "seed", (1, 1, 1)) == "fixed"
     target = llama_pair[0]
     drafter = Engine(target, ParallelDrafter(target, n_masks=2, n_layers=1).eval())
-    assert drafter.policy_name(None, "seed", (1, 1, 1)) == "parallelspec"
+    assert drafter.policy_name(None, "seed", (1, 1, 1)) == "choose"
     lookup = Engine(target, None)
     lookup.default_policy = "lookup"  # what from_pretrained(draft="lookup") sets
     assert lookup.policy_name(None, "seed", (1, 1, 1)) == "lookup"
@@ -70,3 +70,28 @@ def test_two_cpus_of_one_name_and_host_but_other_instruction_sets_never_share_co
     monkeypatch.setattr(cost_model, "CPUINFO", tmp_path / "absent")  # not Linux: what platform names
     monkeypatch.setattr(cost_model.platform, "processor", lambda: "Apple M2")
     assert "/Apple M2/" in cost_model.cache_key(engine)
+
+
+def test_a_parallelspec_drafter_runs_choose_with_its_rounds_options_and_keeps_greedy_output(llama_pair):
+    """The embedded default's kind of drafter: `choose` drafts its rounds with the drafter (parallelspec
+    rounds, whose cut, passes and lookup choose passes on) or the search's text, both or neither."""
+    from seed_tot.engine.policies.choose import ChoosePolicy
+    target = llama_pair[0]
+    engine = Engine(target, ParallelDrafter(target, n_masks=2, n_layers=1).eval())
+    policy = engine.policy("seed", (1, 1, 1), GREEDY)
+    assert isinstance(policy, ChoosePolicy) and policy.model is not None
+    options = {"lookup": "0", "cut": "none", "passes": "2"}
+    named = engine.policy("seed", (1, 1, 1), GREEDY, "choose", options)
+    assert (named.model.lookup, named.model.costs, named.model.passes) == (0, None, 2)
+    for mode in ("sd", "seed"):
+        for policy_options in (None, options):
+            result = engine.generate([PROMPT], GREEDY, mode=mode, policy_options=policy_options)[0]
+            assert result.token_ids == reference_greedy(target, PROMPT, 12)
+
+
+def test_a_drafters_round_options_without_such_a_drafter_are_refused_before_any_forward(llama_pair):
+    engine = Engine(*llama_pair)
+    with pytest.raises(ValueError, match="option lookup applies to a ParallelSpec drafter's rounds"):
+        engine.generate([PROMPT], GREEDY, mode="seed", draft_policy="choose", policy_options={"lookup": "2"})
+    with pytest.raises(ValueError, match="option cut='deep' must be one of none, cost"):
+        engine.generate([PROMPT], GREEDY, mode="seed", draft_policy="choose", policy_options={"cut": "deep"})

@@ -115,3 +115,41 @@ def test_every_verification_forward_is_reported_once_and_greedy_output_is_the_ta
     assert policy.load_costs.forwards == len(forwards) > 0
     if batch is None:
         assert max(forwards) > 1  # batched rounds were reported with their rows
+
+
+class _Row:
+    def __init__(self, params):
+        self.rule = type("Rule", (), {"params": params})()
+
+
+def test_a_parallelspec_joint_cut_is_priced_at_the_measured_load_and_choose_shares_its_fit():
+    """parallelspec's joint cut (rows whose drafts cannot change their tokens) reads the fit of the
+    forwards it is told of; costs=calibrated keeps the calibration; inside choose the cut reads
+    choose's own fit, which the scheduler reports to once (choose is the owner)."""
+    from seed_tot.engine.drafters import ParallelDrafter
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+    drafter = ParallelDrafter(tiny_model("llama", seed=3), n_masks=3, n_layers=1).eval()
+    greedy = SamplingParams(max_new_tokens=8, temperature=0)
+    measured = ParallelSpecPolicy(drafter, (1,), depth=4, costs=CHEAP_TOKENS, load_costs=LoadCosts(CHEAP_TOKENS))
+    calibrated = ParallelSpecPolicy(drafter, (1,), depth=4, costs=CHEAP_TOKENS)
+    for i in range(60):  # a drafted token adds 0.7 of a plain row's share at 6 rows
+        rows = 4 + i % 4
+        tokens = rows + i % 5
+        for policy in (measured, calibrated):
+            policy.observe_forward(rows, tokens, 0.05 + 0.02 * tokens)
+    chains = [[[(0, 5, None, p)] for p in (0.6, 0.5, 0.4, 0.3)] for _ in range(6)]
+    kept = {}
+    for name, policy in (("measured", measured), ("calibrated", calibrated)):
+        rows = [_Row(greedy) for _ in range(6)]
+        policy.plan_batch(rows, 6)
+        cut = policy._joint[id(rows[0])]
+        for row, chain in zip(rows, chains):  # what each row's drafter forward gave (p̂ per level)
+            cut.levels[id(row)] = chain
+        kept[name] = sorted(cut.kept(id(r)) for r in rows)
+    assert kept["calibrated"] == [4] * 6  # the calibration: every level looks nearly free
+    assert max(kept["measured"]) < 4  # the measured load: the unsure levels are cut
+    choose = ChoosePolicy(CHEAP_TOKENS, SuffixSource(depth=4), max_len=3, model=ParallelSpecPolicy(
+        drafter, (1,), depth=4, costs=CHEAP_TOKENS, load_costs=LoadCosts(CHEAP_TOKENS)))
+    assert choose.model.load_costs is choose.load_costs  # one fit, fed once per forward through choose
+    with pytest.raises(ValueError, match="option costs='timed' must be one of measured, calibrated"):
+        check_policy_options("parallelspec", {"costs": "timed"})

@@ -61,7 +61,7 @@ def test_one_draft_forward_per_round_and_the_drafter_cache_equals_a_fresh_prefil
         engine = Engine(target, drafter)
         params = SamplingParams(max_new_tokens=24, temperature=0)
         seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1, 1))
-        seq, policy = seqs[0], engine.policy("sd", k_config, params)
+        seq, policy = seqs[0], engine.policy("sd", k_config, params, "parallelspec")
         rounds = 0
         while not seq.done:
             calls.clear()
@@ -137,9 +137,11 @@ def test_from_pretrained_takes_a_drafter_directory(tmp_path, tiny_model_dirs):
     engine = Engine.from_pretrained(target=target_dir, draft=str(tmp_path / "d"), device="cpu")
     assert isinstance(engine.draft, ParallelDrafter) and engine.draft.n_masks == 2
     prompt = engine.encode(["abc"])[0]
-    result = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0), mode="sd")[0]
+    assert engine.policy_name(None, "sd", (1, 1, 1)) == "choose"  # the drafter's own default
+    result = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0), mode="sd",
+                             draft_policy="parallelspec")[0]
     assert result.token_ids == reference_greedy(engine.target, prompt, 12)
-    assert result.stats.draft_forwards == result.stats.verifications  # the parallelspec policy by default
+    assert result.stats.draft_forwards == result.stats.verifications  # one drafter forward per round
     other = tmp_path / "other"
     tiny_model("llama", seed=8, vocab=engine.vocab_size, layers=3).save_pretrained(other)
     from conftest import save_char_tokenizer

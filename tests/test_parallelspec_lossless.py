@@ -19,7 +19,7 @@ def test_parallelspec_samples_follow_the_target_distribution(pair, mode, k_confi
     target, _ = pair
     torch.manual_seed(0)
     drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()  # untrained: drafts 2 tokens per forward
-    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch)
+    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch, draft_policy="parallelspec")
     stats = [r.stats for r in results]
     forwards, rounds = sum(s.draft_forwards for s in stats), sum(s.verifications for s in stats)
     assert forwards == rounds if batch == 1 else forwards < rounds  # one draft forward a round (shared when batched)
@@ -33,5 +33,25 @@ def test_parallelspec_drops_draws_past_q_and_keeps_the_target_distribution(pair,
     torch.manual_seed(0)
     drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
     monkeypatch.setitem(SETTINGS, "narrow", SamplingParams(max_new_tokens=LENGTH, temperature=1.0, top_k=2))
-    results, exact = sample_through_engine(target, drafter, "narrow", "seed", (3, 2), None)
+    results, exact = sample_through_engine(target, drafter, "narrow", "seed", (3, 2), None, draft_policy="parallelspec")
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
+
+
+@pytest.mark.parametrize("mode,batch,load", [("sd", 1, "greedy"), ("seed", None, "greedy"), ("seed", None, "all")])
+def test_choose_with_a_parallelspec_drafter_keeps_the_target_distribution(pair, mode, batch, load):
+    """The embedded default's path: `choose` over a ParallelSpec drafter's rounds, the suffix chain grafted
+    beside them, on a forward that makes every option pay; a sampled row priced at its constant load
+    (load=greedy) or jointly with the rows beside it (load=all)."""
+    from seed_tot.engine.cost_model import Costs
+    from seed_tot.engine.policies.choose import ChoosePolicy
+    from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy
+    from seed_tot.engine.policies.suffix import SuffixSource
+    from test_sampling_lossless import assert_policy_samples_follow_the_target
+
+    target, _ = pair
+    torch.manual_seed(0)
+    drafter = ParallelDrafter(target, n_masks=1, n_layers=1).eval()
+    policy = ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, share="all"), load=load, costs_at="calibrated",
+                          model=ParallelSpecPolicy(drafter, (1,), depth=2, load=load))
+    assert_policy_samples_follow_the_target(target, drafter, policy, "temperature", mode, (1,), batch)
+    assert sum(rec["drafted"] > 0 for rec in policy.records) > len(policy.records) // 2  # rounds that drafted

@@ -85,7 +85,7 @@ SETTINGS = {
 
 
 def sample_through_engine(target, draft, setting: str, mode: str, k_config, batch: int | None = 1,
-                          padding: dict[int, int] | None = None):
+                          padding: dict[int, int] | None = None, draft_policy=None):
     """SAMPLES continuations of PROMPT through the engine (8 workers; `batch`: draft_batch and verify_batch;
     `padding`: both models' query padding), and the exact distribution they must follow. Asserts drafts
     were both accepted and rejected, so that an unfaithful verifier would show in the distribution."""
@@ -95,7 +95,7 @@ def sample_through_engine(target, draft, setting: str, mode: str, k_config, batc
         engine.target_runtime.set_padding(padding)
         engine.draft_runtime.set_padding(padding)
     results = engine.generate([PROMPT] * SAMPLES, params, mode=mode, k_config=k_config, n_workers=8,
-                              draft_batch=batch, verify_batch=batch)
+                              draft_batch=batch, verify_batch=batch, draft_policy=draft_policy)
     stats = [r.stats for r in results]
     assert 0.05 < sum(s.accepted for s in stats) / sum(s.draft_depth for s in stats) < 0.95
     return results, exact_distribution(target, params)

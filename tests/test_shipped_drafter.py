@@ -55,7 +55,10 @@ def test_a_default_load_drafts_with_the_drafter_shipped_for_that_target_and_stay
     engine = Engine.from_pretrained(target=fake_shipped, device="cpu")
     assert isinstance(engine.draft, ParallelDrafter) and engine.draft_name == "shipped:tiny"
     prompt = engine.encode(["abcab"])[0]
-    result = engine.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0), mode="seed")[0]
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    assert engine.policy_name(None, "seed", (1, 1, 1)) == "choose"
+    assert engine.generate([prompt], greedy, mode="seed")[0].token_ids == reference_greedy(engine.target, prompt, 10)
+    result = engine.generate([prompt], greedy, mode="seed", draft_policy="parallelspec")[0]
     assert result.token_ids == reference_greedy(engine.target, prompt, 10)
     assert result.stats.draft_forwards == result.stats.verifications  # one ParallelSpec forward per round
 
@@ -129,7 +132,8 @@ def test_a_drafter_json_depth_sets_the_default_draft_depth_and_a_bad_one_is_name
     config_path.write_text(json.dumps({**config, "depth": 2}))
     engine = Engine.from_pretrained(target=fake_shipped, device="cpu")
     prompt = engine.encode(["abcab"])[0]
-    result = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0), mode="sd")[0]
+    result = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=0), mode="sd",
+                             draft_policy="parallelspec")[0]
     rounds = result.stats.verifications  # a chain of 2 per round (the last may be cut by the token budget)
     assert 2 * (rounds - 1) < result.stats.drafted <= 2 * rounds
     assert result.token_ids == reference_greedy(engine.target, prompt, 12)

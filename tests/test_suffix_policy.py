@@ -286,6 +286,27 @@ def test_choose_sampled_output_follows_the_target_distribution(mode, setting, ba
     assert sum(rec["drafted"] > 2 for rec in policy.records) > SAMPLES // 4  # grafted rounds really ran
 
 
+def test_a_sampled_row_is_priced_at_its_constant_load_and_a_greedy_one_planned_alone_as_one_row(target):
+    """A sampled row (load=greedy) prices its round as if `sampled_rows` rows like it shared the
+    forward: on a forward flat for its first tokens and steep past 16, a draft pays priced as one row
+    and not as 16. A greedy row planned alone (sd) is one row whatever sampled_rows says."""
+    import copy
+
+    steep = Costs(0.05, 0.01, 0.01, ((1, 0.05), (16, 0.06), (64, 1.0)))
+    engine = Engine(target, copy.deepcopy(target))  # a draft that is always right: only the price decides
+    drafted = {}
+    for temperature, rows in ((1.0, 1), (1.0, 16), (0.0, 16)):
+        params = SamplingParams(max_new_tokens=24, temperature=temperature, seed=3)
+        policy = ChoosePolicy(steep, SuffixSource(depth=4), max_len=3, costs_at="calibrated", sampled_rows=rows)
+        engine.generate(PROMPTS, params, mode="sd", draft_policy=policy)
+        rounds = [rec["drafted"] for rec in policy.records]
+        drafted[temperature, rows] = sum(d > 0 for d in rounds) / len(rounds)
+    assert drafted[1.0, 1] > 0.8 and drafted[0.0, 16] > 0.8
+    assert drafted[1.0, 16] < 0.3  # declined but for the probes that keep its estimates fresh
+    with pytest.raises(ValueError, match="sampled_rows"):
+        ChoosePolicy(steep, SuffixSource(depth=4), sampled_rows=0)
+
+
 def test_choose_by_name_and_its_options(target):
     engine = Engine(target, tiny_model("llama", seed=5))
     params = SamplingParams(max_new_tokens=6, temperature=0)

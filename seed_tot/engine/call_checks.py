@@ -73,4 +73,4 @@ def check_feature_policy(engine, name: str) -> None:
     if engine.target_hidden is not None and name not in ("parallelspec", "choose", *MODEL_FREE_POLICIES):
         raise ValueError(f"draft policy {name!r} feeds the drafter its own drafted tokens, but this drafter reads "
                          f"the target's hidden states, which drafted tokens do not have: use the "
-                         f"'parallelspec' policy (the default for it)")
+                         f"'choose' policy (the default for it) or 'parallelspec'")

@@ -208,8 +208,11 @@ class Engine:
         seed mode: verify_batch drafts verified per target forward (FCFS); draft_batch ready draft
         workers drafted per draft forward (None or "all": all that are ready; 1: one row per draft forward, the paper's;
         "auto", the default: see `resolve_batches`).
-        draft_policy: "fixed" (default: k_config's shapes), "opt-tree", "specdec", "auto", "parallelspec",
-        "lookup" (prompt lookup: needs no draft model), "suffix" (the run's own text: needs none either) or a DraftPolicy object (see seed_tot.engine.policies); policy_options: that policy's settings.
+        draft_policy: "fixed", "opt-tree", "specdec", "auto", "parallelspec", "lookup" (prompt lookup:
+        needs no draft model), "suffix" (the run's own text: needs none either), "choose" (per row and
+        round: the draft model, that text, both or none) or a DraftPolicy object (see
+        seed_tot.engine.policies); None: the draft's own default (`choose` for a ParallelSpec drafter),
+        else `policies.default_policy_name`; policy_options: that policy's settings.
         parallel mode: every row of every overlapping seed/parallel call on this engine shares target
         forwards (see `_scheduled`); n_workers, verify_batch and draft_batch do not apply to it."""
         spec = call_spec(spec, self.default_mode, mode=mode, k_config=k_config, n_workers=n_workers,

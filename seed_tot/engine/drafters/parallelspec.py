@@ -118,8 +118,10 @@ class ParallelDrafter(nn.Module):
 
     @property
     def default_policy(self) -> str:
-        """The draft policy an engine uses with this drafter when the caller names none."""
-        return "parallelspec" if self.n_masks else "fixed"
+        """The draft policy an engine uses with this drafter when the caller names none: `choose`, which
+        drafts each round with this drafter (parallelspec rounds), the search's own text, both or
+        neither, whichever is expected to pay most (docs/benchmarks.md has the runs behind it)."""
+        return "choose" if self.n_masks else "fixed"
 
     def get_input_embeddings(self) -> nn.Module:
         return self.shared[0]

@@ -30,8 +30,10 @@ probed (as auto probes), the gap doubling after each probe that fails. Costs: en
 
 Exactness: every option's draft is verified as any other (the suffix nodes are picked, one-hot
 proposals, tried before the model's draws in their sibling group, verify.py). A sampled row (under
-load=greedy, the default) decides from its own history and a round of one row only, so its choices,
-and thus its sample for a seed, depend on nothing that runs beside it (base.load_option).
+load=greedy, the default) decides from its own history and prices its round as if `sampled_rows`
+rows like it shared the forward (a constant, 8 by default as in parallelspec.py: priced as one row, a
+CPU's nearly flat first tokens make every draft look free), so its choices, and thus its sample for a
+seed, depend on nothing that runs beside it (base.load_option).
 
 Costs at the run's load (option costs=measured, the default): a row that may read other rows (greedy,
 or drafter-invariant sampling) is priced with load_costs.py's fit of the verification forwards the
@@ -41,8 +43,10 @@ CPU under-prices what a drafted token adds to a round of long-history rows; cost
 Options: max_len (the model chain's longest; default len(k_config)), graft (allow both at once;
 default true: a round may then be a two-branch tree), prior (the estimates' start; default 0.5),
 probe_every (default 8), load (greedy|all|off), prefill (priced|free), costs (measured|calibrated),
-recalibrate, and the suffix source's (suffix.py:
-depth, width, min_prob, factor, candidates, run_tokens, share).
+recalibrate, sampled_rows (default 8), the suffix source's (suffix.py: depth, width, min_prob, factor,
+candidates, run_tokens, share), and with a ParallelSpec drafter its rounds' cut, passes and lookup
+(parallelspec.py; the drafter's defaults when left out). Its cut prices a jointly planned round at
+the same measured load.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ from .auto import MAX_PROBE_GAP, NoDraft, decode_saving
 from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
 from .call_pricing import CallPricing, prefill_option
 from .fixed import FixedRound
+from .parallelspec import SAMPLED_ROWS, ParallelSpecPolicy
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
@@ -127,9 +132,14 @@ class ChoosePolicy(DraftPolicy):
 
     def __init__(self, costs: Costs, source: SuffixSource | None = None, max_len: int = 3, graft: bool = True,
                  prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 8,
-                 load: str = "greedy", model=None, prefill: str = "priced", costs_at: str = "measured"):
-        if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1:
-            raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1 and 0 < decay <= 1")
+                 load: str = "greedy", model=None, prefill: str = "priced", costs_at: str = "measured",
+                 sampled_rows: int = SAMPLED_ROWS):
+        if max_len < 1 or probe_every < 1 or not 0 <= prior <= 1 or not 0 < decay <= 1 or sampled_rows < 1:
+            raise ValueError("choose needs max_len >= 1, probe_every >= 1, 0 <= prior <= 1, 0 < decay <= 1 "
+                             "and sampled_rows >= 1")
+        # a row planned alone prices its round as if this many rows like it shared the forward (a
+        # sampled row: a constant, so its choices depend on nothing beside it; a greedy one: 1)
+        self.sampled_rows = sampled_rows
         self.costs, self.source = costs, source or SuffixSource(depth=max_len)
         self.max_len, self.graft, self.prior, self.prior_weight = max_len, graft, prior, prior_weight
         self.decay, self.probe_every = decay, probe_every
@@ -143,6 +153,7 @@ class ChoosePolicy(DraftPolicy):
         self.model = model
         if model is not None:
             self.max_len = model.depth
+            model.load_costs = self.load_costs  # its cut prices at the load this policy is told of (one fit)
         self.drafts_trees = graft or self.source.width > 1 or (model is not None and model.drafts_trees)
         self._rows: dict[int, _Row] = {}
         self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
@@ -152,9 +163,18 @@ class ChoosePolicy(DraftPolicy):
     @classmethod
     def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", prefill="priced",
                       costs="measured", recalibrate="false", depth=None, width=1, min_prob=0.1, factor=1.0,
-                      candidates=32,
-                      run_tokens=1 << 16, share="greedy") -> dict:
-        return {"max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
+                      candidates=32, run_tokens=1 << 16, share="greedy", sampled_rows=SAMPLED_ROWS, cut=None,
+                      passes=None, lookup=None) -> dict:
+        """cut, passes and lookup are a ParallelSpec drafter's (parallelspec.py), passed to the rounds it
+        drafts; left out, the drafter's own defaults (drafter.json). sampled_rows is both policies'."""
+        given = {"cut": cut, "passes": passes, "lookup": lookup}
+        given = {key: value for key, value in given.items() if value is not None}
+        try:
+            ParallelSpecPolicy.parse_options(**given)
+        except ValueError as err:
+            raise ValueError(f"draft policy {cls.name!r}, its ParallelSpec drafter's rounds: {err}") from None
+        return {"model_options": given, "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1),
+                "max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
                 "graft": flag_option(cls.name, "graft", graft), "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1), "load": load_option(cls.name, load),
                 "prefill": prefill_option(cls.name, prefill), "costs": cost_pricing_option(cls.name, costs),
@@ -163,8 +183,12 @@ class ChoosePolicy(DraftPolicy):
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
-        return options["graft"] or options["suffix"]["width"] > 1 or _parallel_drafter(engine) and any(
-            k > 1 for k in k_config)
+        if options["graft"] or options["suffix"]["width"] > 1:
+            return True
+        if not _parallel_drafter(engine):
+            return False
+        return ParallelSpecPolicy.may_draft_trees(engine, k_config,
+                                                  ParallelSpecPolicy.parse_options(**options["model_options"]))
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "ChoosePolicy":
@@ -172,12 +196,15 @@ class ChoosePolicy(DraftPolicy):
         max_len = o["max_len"] or len(k_config)
         suffix = dict(o["suffix"], depth=o["suffix"]["depth"] or 8)
         model = None
-        if _parallel_drafter(engine):  # its own defaults (depth, cut, lookup: drafter.json)
-            from .parallelspec import ParallelSpecPolicy
-            model = ParallelSpecPolicy.from_options(engine, k_config, params)
+        if _parallel_drafter(engine):  # its own defaults (depth, cut, lookup: drafter.json) unless given
+            model = ParallelSpecPolicy.from_options(engine, k_config, params, load=o["load"],
+                                                    sampled_rows=o["sampled_rows"], **o["model_options"])
+        elif o["model_options"]:
+            raise ValueError(f"draft policy {cls.name!r}: option {', '.join(o['model_options'])} applies to a "
+                             f"ParallelSpec drafter's rounds, and this engine's draft is not one")
         return cls(load_costs(engine, recalibrate=o["recalibrate"]), SuffixSource(**suffix), max_len, o["graft"],
                    o["prior"], probe_every=o["probe_every"], load=o["load"], model=model, prefill=o["prefill"],
-                   costs_at=o["costs"])
+                   costs_at=o["costs"], sampled_rows=o["sampled_rows"])
 
     def _row(self, seq) -> _Row:
         row = self._rows.get(id(seq))
@@ -249,7 +276,7 @@ class ChoosePolicy(DraftPolicy):
         b = TreeBuilder(seq, params, vocab_size)
         nodes = self.source.draft(seq, b.remaining)
         chain = _chain(nodes)
-        rows = self._load.pop(id(seq), 1)
+        rows = self._load.pop(id(seq), 1 if params.greedy else self.sampled_rows)
         k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self._costs(params, rows),
                            self.max_len if model else 0, rows, self.graft, model and self.model is not None)
         k, l = self._probe(row, k, l, len(chain), model)

@@ -60,7 +60,10 @@ costs about the same up to a dozen tokens, every level looks free and the cut ch
 default R=8 is the measured best of 1, 4 and 8 (docs/benchmarks.md, "The cost cut becomes the default").
 Greedy rows cut alone (sd; load=off) are priced as one row.
 load=all cuts sampled rows jointly too (still exact in distribution: the cut reads only draft-side
-outputs, never the target's), load=off cuts every row alone (base.load_option).
+outputs, never the target's), load=off cuts every row alone (base.load_option). A joint cut prices
+its round at the load the run measures (option costs=measured, the default: load_costs.py's fit of
+the verification forwards, for rows whose drafts cannot change their tokens); costs=calibrated
+keeps the calibration.
 
 Option lookup=N (the default a drafter.json may name as "lookup"; 0: off) grafts a prompt-lookup
 guess beside the drafter's tree (prompt_lookup.py): the tokens that followed the last occurrence of
@@ -83,6 +86,7 @@ from ..host_to_device import to_device
 from ..keyed_draws import level_uniform
 from ..sampling import draw_without_replacement, multinomial, process_by_params
 from ..cost_model import Costs, load_costs
+from ..load_costs import LoadCosts, cost_pricing_option
 from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, flag_option, load_option, option, planned_together
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 
@@ -111,7 +115,7 @@ class ParallelSpecPolicy(DraftPolicy):
 
     def __init__(self, drafter, k_config=(1,), depth: int | None = None, costs: Costs | None = None,
                  load: str = "greedy", passes: int = 1, lookup: int = 0, sampled_rows: int = SAMPLED_ROWS,
-                 suffix: "SuffixSource | None" = None):
+                 suffix: "SuffixSource | None" = None, load_costs: LoadCosts | None = None):
         n_masks = getattr(drafter, "n_masks", 0)
         if not n_masks:
             raise ValueError("draft policy 'parallelspec' needs a ParallelSpec drafter with [MASK] tokens as the draft "
@@ -126,6 +130,9 @@ class ParallelSpecPolicy(DraftPolicy):
                              f"(this drafter has k={n_masks} masks)")
         self.widths = tuple(k_config[d] if d < len(k_config) else 1 for d in range(self.depth))
         self.costs = costs  # None: keep every level (cut=none)
+        # a jointly planned round (rows whose drafts cannot change their tokens) is cut at the load the
+        # run measures (load_costs.py); None: at the calibration (costs=calibrated). choose.py shares its own.
+        self.load_costs = load_costs
         self.load = load_option(self.name, load)
         if passes < 1:
             raise ValueError(f"draft policy 'parallelspec': passes={passes} must be >= 1")
@@ -152,7 +159,7 @@ class ParallelSpecPolicy(DraftPolicy):
 
     @classmethod
     def parse_options(cls, depth=None, cut=None, recalibrate="false", load="greedy", passes=1, lookup=None,
-                      sampled_rows=SAMPLED_ROWS, suffix="false") -> dict:
+                      sampled_rows=SAMPLED_ROWS, suffix="false", costs="measured") -> dict:
         """depth, cut and lookup left out (None) take the drafter's defaults when the policy is built."""
         if cut and cut not in CUTS:
             raise ValueError(f"draft policy {cls.name!r}: option cut={cut!r} must be one of {', '.join(CUTS)}")
@@ -161,15 +168,16 @@ class ParallelSpecPolicy(DraftPolicy):
                 "passes": option(cls.name, "passes", passes, int, 1),
                 "lookup": None if lookup is None else option(cls.name, "lookup", lookup, int, 0),
                 "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1),
-                "suffix": flag_option(cls.name, "suffix", suffix)}
+                "suffix": flag_option(cls.name, "suffix", suffix), "costs": cost_pricing_option(cls.name, costs)}
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "ParallelSpecPolicy":
         o = cls.parse_options(**options)
         cut = o["cut"] or getattr(engine.draft, "default_cut", None) or "none"
         costs = load_costs(engine, recalibrate=o["recalibrate"]) if cut == "cost" else None
+        measured = LoadCosts(costs) if costs is not None and o["costs"] == "measured" else None
         policy = cls(engine.draft, k_config, o["depth"], costs, o["load"], o["passes"],
-                     _default_lookup(engine.draft, o["lookup"]), o["sampled_rows"])
+                     _default_lookup(engine.draft, o["lookup"]), o["sampled_rows"], load_costs=measured)
         if o["suffix"]:
             from .suffix import SuffixSource
             policy.suffix = SuffixSource(depth=policy.depth)
@@ -185,8 +193,13 @@ class ParallelSpecPolicy(DraftPolicy):
         jointly = planned_together(seqs, self.load)
         if self.costs is None or rows <= 1 or not jointly:
             return
-        cut = _JointCut(self.costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
+        costs = self.costs if self.load_costs is None else self.load_costs.at(rows)
+        cut = _JointCut(costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
         self._joint = {id(s): cut for s in jointly}
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
+        if self.load_costs is not None:
+            self.load_costs.observe(rows, tokens, seconds)
 
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         builder = TreeBuilder(seq, params, vocab_size)
