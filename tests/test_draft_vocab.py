@@ -76,7 +76,7 @@ def test_greedy_output_equals_the_target_alone_when_the_target_wants_undraftable
 def test_sampled_output_follows_the_target_distribution_with_a_draft_vocabulary(pair, mode, k_config, setting, batch):
     target, _ = pair
     drafter = half_vocab_drafter(target, 1)
-    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch)
+    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch, draft_policy="parallelspec")
     drafted_odd = Counter(t % 2 for r in results for t in r.token_ids)
     assert drafted_odd[1] > 0  # undraftable tokens are emitted (by the residual), at the target's rate below
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
@@ -89,7 +89,8 @@ def test_a_round_runs_the_head_only_on_the_positions_it_reads():
     rows = []
     handle = drafter.get_output_embeddings().register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[1]))
     try:
-        result = Engine(target, drafter).generate([[3, 17, 42, 8, 61, 5]], SamplingParams(max_new_tokens=12), mode="sd")[0]
+        result = Engine(target, drafter).generate([[3, 17, 42, 8, 61, 5]], SamplingParams(max_new_tokens=12), mode="sd",
+                                                  draft_policy="parallelspec")[0]
     finally:
         handle.remove()
     assert rows[0] == 1  # the prompt's prefill keeps one position

@@ -174,7 +174,7 @@ def test_lookup_option_and_drafter_json_default(tmp_path, target, drafter):
     config = json.loads((tmp_path / "d" / "drafter.json").read_text())
     (tmp_path / "d" / "drafter.json").write_text(json.dumps({**config, "lookup": 3}))
     loaded = load_drafter(tmp_path / "d", target, "tiny-target")
-    assert Engine(target, loaded).policy("sd", (1,), params).lookup == 3  # the drafter's default
+    assert Engine(target, loaded).policy("sd", (1,), params).model.lookup == 3  # the drafter's default, under choose
     assert Engine(target, loaded).policy("sd", (1,), params, "parallelspec", {"lookup": "0"}).lookup == 0
     (tmp_path / "d" / "drafter.json").write_text(json.dumps({**config, "lookup": "often"}))
     with pytest.raises(ValueError, match=r"drafter.json: lookup='often' must be an integer >= 0"):

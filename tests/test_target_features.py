@@ -63,7 +63,7 @@ def test_every_round_the_drafter_cache_holds_what_the_true_target_features_give(
     engine = Engine(target, drafter)
     params = SamplingParams(max_new_tokens=24, temperature=0)
     seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1))
-    seq, policy = seqs[0], engine.policy("sd", k_config, params)
+    seq, policy = seqs[0], engine.policy("sd", k_config, params, "parallelspec")
     assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq)  # the prefill
     while not seq.done:
         tree, node_entry = draft_round(engine.draft_runtime, seq, policy, params, engine.vocab_size)
@@ -82,7 +82,7 @@ def test_batched_seed_rows_with_shared_prompt_stretches_read_their_own_features(
     seqs, k_config = engine._start(prompts, params, "seed", (2, 2), verify_batch=batch, draft_batch=batch)
     for seq in seqs:
         assert_draft_cache_read_the_true_features(target, engine.draft_runtime, seq)
-    policy = engine.policy("seed", k_config, params)
+    policy = engine.policy("seed", k_config, params, "parallelspec")
     asyncio.run(SeedScheduler(engine).run(seqs, policy, DecodeSpec(verify_batch=batch, draft_batch=batch)))
     for prompt, seq in zip(prompts, seqs):
         assert seq.generated == reference_greedy(target, prompt, 16)
@@ -106,7 +106,7 @@ def test_greedy_output_equals_the_target_alone(target, mode, k_config, batch):
 def test_samples_follow_the_target_distribution(pair, mode, k_config, setting, batch):
     target, _ = pair
     drafter = feature_drafter(target, n_masks=1)
-    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch)
+    results, exact = sample_through_engine(target, drafter, setting, mode, k_config, batch, draft_policy="parallelspec")
     assert tv(Counter(tuple(r.token_ids) for r in results), exact, SAMPLES) < tv_bound(exact, SAMPLES)
 
 
@@ -169,7 +169,7 @@ def test_a_round_drafts_what_one_forward_on_the_true_features_gives_with_masks_r
     engine = Engine(target, drafter)
     params = SamplingParams(max_new_tokens=8, temperature=1.0)  # sampled: the tree keeps each q_t
     seqs, k_config = engine._start([PROMPT], params, "sd", (1, 1, 1, 1))
-    policy = engine.policy("sd", k_config, params)
+    policy = engine.policy("sd", k_config, params, "parallelspec")
     tree, _ = draft_round(engine.draft_runtime, seqs[0], policy, params, engine.vocab_size)
     slots = true_slots(target, PROMPT)
     masks = [drafter.mask_id(j) for j in (1, 2, 3)]
