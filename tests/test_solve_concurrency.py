@@ -116,9 +116,13 @@ def test_ctrl_c_ends_a_concurrent_run_promptly(tiny_model_dirs, data, tmp_path):
     whole records. (With the embedded model, `solve --concurrency 2` hung here for the reason in the
     test above; these tiny models finish their calls too fast to show that, so this guards the path.)"""
     command = _solve_script(tmp_path, tiny_model_dirs, data, """
+import threading
+
 class Task(ShortTask):
+    first = threading.Lock()  # two searches reach their second step at once: one line, from the first
+
     def thought_prompt(self, example, state):
-        if state.thoughts:  # a second step's thought call (up to 200 tokens) is about to start
+        if state.thoughts and self.first.acquire(blocking=False):  # a second step's thought call (up to 200 tokens) is about to start
             print("in flight", flush=True)
         return super().thought_prompt(example, state)
 """, "depth=3, n_generate=3, breadth=2, max_new_tokens=200", concurrency=2)
