@@ -11,7 +11,8 @@ from conftest import reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import seed as seed_module
 from seed_tot.engine.cost_model import Costs
-from seed_tot.engine.load_costs import LoadCosts, cost_pricing_option
+from seed_tot.engine.load_costs import COST_PRICING, LoadCosts
+from seed_tot.engine.policies.base import choice_option
 from seed_tot.engine.policies import check_policy_options
 from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly, best_option
 from seed_tot.engine.policies.suffix import SuffixSource
@@ -70,7 +71,7 @@ def test_noise_never_makes_more_tokens_or_rows_cheaper():
 
 
 def test_a_bad_costs_option_is_refused_before_any_forward():
-    assert cost_pricing_option("choose", "measured") == "measured"
+    assert choice_option("choose", "costs", "measured", COST_PRICING) == "measured"
     with pytest.raises(ValueError, match="option costs='timed' must be one of measured, calibrated"):
         check_policy_options("choose", {"costs": "timed"})
 

@@ -14,7 +14,8 @@ from test_sampling_lossless import assert_policy_samples_follow_the_target, para
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.drafters import ParallelDrafter, load_drafter, save_drafter
 from seed_tot.engine.policies.auto import Costs
-from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy, ParallelSpecRound, joint_cut
+from seed_tot.engine.policies.level_cut import joint_cut
+from seed_tot.engine.policies.parallelspec import ParallelSpecPolicy, ParallelSpecRound
 
 
 def costs(points) -> Costs:

@@ -35,12 +35,6 @@ PRIOR_POINTS = ((1, 1), (1, 8), (4, 4), (4, 16), (16, 16), (16, 48))
 TYPICAL_TOKENS = 8.0
 
 
-def cost_pricing_option(policy: str, value: str) -> str:
-    """The policy option costs=measured|calibrated, checked."""
-    if value not in COST_PRICING:
-        raise ValueError(f"draft policy {policy!r}: option costs={value!r} must be one of {', '.join(COST_PRICING)}")
-    return value
-
 
 class LoadCosts:
     """A decayed least-squares fit of verification seconds on (1, query tokens, rows), starting from

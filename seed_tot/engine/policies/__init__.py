@@ -12,6 +12,7 @@
               of seed on a CPU with a draft model and a chain k_config: default_policy_name)
     parallelspec  one forward of a ParallelSpec drafter ([MASK] tokens) drafts a chain of up to k+1
               or a tree whose depth-t nodes come from q_t (parallelspec.py; engine/drafters/)
+              and keeps the levels that pay for their verification (level_cut.py)
     lookup    no draft model: the tokens that followed the last earlier occurrence of the context's
               last n tokens (prompt lookup decoding; prompt_lookup.py)
     suffix    no draft model: what followed the longest match in the row's, its search's and the

@@ -56,9 +56,9 @@ from ..cost_model import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, Costs, c
                           calibrate, calibration_plan, derive_opt_tree_options, load_costs)
 from ..draft_tree import DraftTree
 from ..params import SamplingParams
-from .base import (DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, flag_option, load_option, option,
+from .base import (DraftPolicy, DraftRound, HiddenCapture, TreeBuilder, choice_option, flag_option, load_option, option,
                    planned_together, reads_others)
-from .call_pricing import MAX_PROBE_GAP, CallPricing, prefill_option
+from .call_pricing import MAX_PROBE_GAP, PREFILL_PRICING, CallPricing
 from .fixed import FixedRound
 from .head import accept_probability
 
@@ -145,14 +145,14 @@ class AutoPolicy(DraftPolicy):
         self._state: dict[int, _SeqState] = {}
         self.load = load_option(self.name, load)
         self._planned: dict[int, int] = {}  # id(seq) -> the length its batch's plan gave it
-        self.prices_prefill = prefill_option(self.name, prefill) == "priced"
+        self.prices_prefill = choice_option(self.name, "prefill", prefill, PREFILL_PRICING) == "priced"
         self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
         self._hits = self._trials = 0.0  # every sequence's judged drafts, decayed: a new call's estimate
 
     @classmethod
     def parse_options(cls, max_len=8, prior=0.5, probe_every=8, recalibrate="false", head=None,
                       load="greedy", prefill="priced") -> dict:
-        prefill_option(cls.name, prefill)
+        choice_option(cls.name, "prefill", prefill, PREFILL_PRICING)
         return {"max_len": option(cls.name, "max_len", max_len, int, 1),
                 "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1),

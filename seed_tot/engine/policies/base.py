@@ -82,6 +82,13 @@ def option(policy: str, key: str, value, kind: type, low: float | None = None, w
     return out
 
 
+def choice_option(policy: str, key: str, value, choices: tuple[str, ...]) -> str:
+    """An option that must be one of `choices` (e.g. prefill=priced|free), checked."""
+    if value not in choices:
+        raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -93,6 +100,20 @@ def flag_option(policy: str, key: str, value) -> bool:
         raise ValueError(f"draft policy {policy!r}: option {key}={value!r} must be one of true, false (or 1, 0, yes, "
                          f"no, on, off)")
     return FLAGS[text]
+
+
+# A row planned alone (its tree must not depend on what shares its forwards: an ordinarily sampled
+# row under load=greedy) prices its round as if this many rows like it shared the forward: a
+# constant, so its draft depends on nothing beside it, while its tokens pay for what they add to a
+# loaded forward. Priced as one row on a CPU, whose first tokens cost almost nothing, every draft
+# looks free; 8 measured best of 1, 4 and 8 (docs/benchmarks.md, "The cost cut becomes the default").
+SAMPLED_ROWS = 8
+
+
+def priced_rows(params, sampled_rows: int) -> int:
+    """The rows a round planned alone is priced at: a greedy row (sd, load=off) as the one row it is,
+    a sampled one as `sampled_rows` rows like it."""
+    return 1 if params.greedy else sampled_rows
 
 
 LOADS = ("greedy", "all", "off")

@@ -22,12 +22,6 @@ MAX_PROBE_GAP = 64
 PREFILL_PRICING = ("priced", "free")
 
 
-def prefill_option(policy: str, value: str) -> str:
-    """The policy option prefill=priced|free, checked."""
-    if value not in PREFILL_PRICING:
-        raise ValueError(f"draft policy {policy!r}: option prefill={value!r} must be one of {', '.join(PREFILL_PRICING)}")
-    return value
-
 
 def call_kind(params: SamplingParams) -> tuple:
     """Calls whose rows stop by the same rules: a ToT search's thought calls, its value calls."""

@@ -31,7 +31,7 @@ probed (as auto probes), the gap doubling after each probe that fails. Costs: en
 Exactness: every option's draft is verified as any other (the suffix nodes are picked, one-hot
 proposals, tried before the model's draws in their sibling group, verify.py). A sampled row (under
 load=greedy, the default) decides from its own history and prices its round as if `sampled_rows`
-rows like it shared the forward (a constant, 8 by default as in parallelspec.py: priced as one row, a
+rows like it shared the forward (a constant, base.SAMPLED_ROWS as in parallelspec.py: priced as one row, a
 CPU's nearly flat first tokens make every draft look free), so its choices, and thus its sample for a
 seed, depend on nothing that runs beside it (base.load_option).
 
@@ -55,13 +55,14 @@ import weakref
 
 from ..cost_model import Costs, load_costs
 from ..draft_tree import UNREAD
-from ..load_costs import LoadCosts, cost_pricing_option
+from ..load_costs import COST_PRICING, LoadCosts
 from ..params import SamplingParams
 from .auto import MAX_PROBE_GAP, NoDraft, decode_saving
-from .base import DraftPolicy, DraftRound, TreeBuilder, flag_option, load_option, option, planned_together, reads_others
-from .call_pricing import CallPricing, prefill_option
+from .base import (SAMPLED_ROWS, DraftPolicy, DraftRound, TreeBuilder, choice_option, flag_option, load_option, option,
+                   planned_together, priced_rows, reads_others)
+from .call_pricing import PREFILL_PRICING, CallPricing
 from .fixed import FixedRound
-from .parallelspec import SAMPLED_ROWS, ParallelSpecPolicy
+from .parallelspec import ParallelSpecPolicy
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
@@ -144,9 +145,10 @@ class ChoosePolicy(DraftPolicy):
         self.max_len, self.graft, self.prior, self.prior_weight = max_len, graft, prior, prior_weight
         self.decay, self.probe_every = decay, probe_every
         self.load = load_option(self.name, load)
-        self.prices_prefill = prefill_option(self.name, prefill) == "priced"
+        self.prices_prefill = choice_option(self.name, "prefill", prefill, PREFILL_PRICING) == "priced"
         # rounds of rows that may read other rows are priced at the load measured so far (load_costs.py)
-        self.load_costs = LoadCosts(costs) if cost_pricing_option(self.name, costs_at) == "measured" else None
+        measured = choice_option(self.name, "costs", costs_at, COST_PRICING) == "measured"
+        self.load_costs = LoadCosts(costs) if measured else None
         self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
         # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
         # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
@@ -177,7 +179,8 @@ class ChoosePolicy(DraftPolicy):
                 "max_len": None if max_len is None else option(cls.name, "max_len", max_len, int, 1),
                 "graft": flag_option(cls.name, "graft", graft), "prior": option(cls.name, "prior", prior, float, 0, high=1),
                 "probe_every": option(cls.name, "probe_every", probe_every, int, 1), "load": load_option(cls.name, load),
-                "prefill": prefill_option(cls.name, prefill), "costs": cost_pricing_option(cls.name, costs),
+                "prefill": choice_option(cls.name, "prefill", prefill, PREFILL_PRICING),
+                "costs": choice_option(cls.name, "costs", costs, COST_PRICING),
                 "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
                 "suffix": SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share)}
 
@@ -197,7 +200,8 @@ class ChoosePolicy(DraftPolicy):
         suffix = dict(o["suffix"], depth=o["suffix"]["depth"] or 8)
         model = None
         if _parallel_drafter(engine):  # its own defaults (depth, cut, lookup: drafter.json) unless given
-            model = ParallelSpecPolicy.from_options(engine, k_config, params, load=o["load"],
+            # costs=calibrated: no fit of its own, as this policy gives it its (__init__)
+            model = ParallelSpecPolicy.from_options(engine, k_config, params, load=o["load"], costs="calibrated",
                                                     sampled_rows=o["sampled_rows"], **o["model_options"])
         elif o["model_options"]:
             raise ValueError(f"draft policy {cls.name!r}: option {', '.join(o['model_options'])} applies to a "
@@ -276,7 +280,7 @@ class ChoosePolicy(DraftPolicy):
         b = TreeBuilder(seq, params, vocab_size)
         nodes = self.source.draft(seq, b.remaining)
         chain = _chain(nodes)
-        rows = self._load.pop(id(seq), 1 if params.greedy else self.sampled_rows)
+        rows = self._load.pop(id(seq), priced_rows(params, self.sampled_rows))
         k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self._costs(params, rows),
                            self.max_len if model else 0, rows, self.graft, model and self.model is not None)
         k, l = self._probe(row, k, l, len(chain), model)

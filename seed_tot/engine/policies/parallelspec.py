@@ -86,12 +86,13 @@ from ..host_to_device import to_device
 from ..keyed_draws import level_uniform
 from ..sampling import draw_without_replacement, multinomial, process_by_params
 from ..cost_model import Costs, load_costs
-from ..load_costs import LoadCosts, cost_pricing_option
-from .base import DraftPolicy, DraftRound, Feed, TreeBuilder, flag_option, load_option, option, planned_together
+from ..load_costs import COST_PRICING, LoadCosts
+from .base import (SAMPLED_ROWS, DraftPolicy, DraftRound, Feed, TreeBuilder, choice_option, flag_option, load_option,
+                   option, planned_together, priced_rows)
+from .level_cut import JointCut, row_cut
 from .prompt_lookup import graft_chain, lookup_continuation, picked_first
 
 CUTS = ("none", "cost")
-SAMPLED_ROWS = 8  # the load a sampled row cut alone is priced at (why 8: module doc)
 
 
 def _default_depth(drafter) -> int:
@@ -147,7 +148,7 @@ class ParallelSpecPolicy(DraftPolicy):
         if sampled_rows < 1:
             raise ValueError(f"draft policy 'parallelspec': sampled_rows={sampled_rows} must be >= 1")
         self.sampled_rows = sampled_rows
-        self._joint: dict[int, _JointCut] = {}  # id(seq) -> the cut its batched round shares
+        self._joint: dict[int, JointCut] = {}  # id(seq) -> the cut its batched round shares
         self.suffix = suffix  # grafted beside the drafter's tree as the lookup's guess is
         self.drafts_trees = _drafts_trees(self.widths, passes, lookup) or suffix is not None
 
@@ -168,7 +169,7 @@ class ParallelSpecPolicy(DraftPolicy):
                 "passes": option(cls.name, "passes", passes, int, 1),
                 "lookup": None if lookup is None else option(cls.name, "lookup", lookup, int, 0),
                 "sampled_rows": option(cls.name, "sampled_rows", sampled_rows, int, 1),
-                "suffix": flag_option(cls.name, "suffix", suffix), "costs": cost_pricing_option(cls.name, costs)}
+                "suffix": flag_option(cls.name, "suffix", suffix), "costs": choice_option(cls.name, "costs", costs, COST_PRICING)}
 
     @classmethod
     def from_options(cls, engine, k_config, params, **options) -> "ParallelSpecPolicy":
@@ -194,7 +195,7 @@ class ParallelSpecPolicy(DraftPolicy):
         if self.costs is None or rows <= 1 or not jointly:
             return
         costs = self.costs if self.load_costs is None else self.load_costs.at(rows)
-        cut = _JointCut(costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
+        cut = JointCut(costs, rows - len(jointly), self.passes)  # the other rows: one verified token each at least
         self._joint = {id(s): cut for s in jointly}
 
     def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
@@ -204,7 +205,7 @@ class ParallelSpecPolicy(DraftPolicy):
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         builder = TreeBuilder(seq, params, vocab_size)
         rnd = ParallelSpecRound(builder, self.widths, self.mask_ids, self.costs, self._joint.pop(id(seq), None),
-                                self.passes, self.lookup, 1 if params.greedy else self.sampled_rows)
+                                self.passes, self.lookup, priced_rows(params, self.sampled_rows))
         if self.suffix is not None:
             rnd.suffix_chain = [n.token for n in self.suffix.draft(seq, min(builder.remaining, len(self.widths)))]
         return rnd
@@ -221,7 +222,7 @@ class ParallelSpecPolicy(DraftPolicy):
 
 class ParallelSpecRound(DraftRound):
     def __init__(self, builder: TreeBuilder, widths: tuple[int, ...], mask_ids: list[int], costs: Costs | None = None,
-                 joint: "_JointCut | None" = None, passes: int = 1, lookup: int = 0, priced_rows: int = 1):
+                 joint: "JointCut | None" = None, passes: int = 1, lookup: int = 0, priced_rows: int = 1):
         self.b = builder
         self.priced_rows = priced_rows  # a cut alone prices the forward as this many rows like this one
         self.joint = joint
@@ -422,21 +423,8 @@ class ParallelSpecRound(DraftRound):
         return chain
 
     def _cut(self, levels, rows: int = 1, level_by_level: bool = False) -> int:
-        """The number of levels whose draft has the most expected tokens per second (see the module doc),
-        in a forward of `rows` rows that each draft like this one (1: the row alone); level_by_level:
-        the first level that does not raise the rate ends the draft (a sampled row's rule)."""
-        costs, expected, nodes, best, best_rate = self.costs, 1.0, 0, 1, -1.0
-        draft_s = costs.draft(rows) * self.passes_run  # already spent: it only weighs against the target's
-        for d, level in enumerate(levels, 1):
-            expected += sum(node[3] for node in level)
-            nodes += len(level)
-            target_s = costs.target(rows * (nodes + 1))  # non-decreasing in tokens (Costs reads a monotone fit)
-            rate = rows * expected / (draft_s + target_s)
-            if rate > best_rate:  # ties keep the shallower draft
-                best, best_rate = d, rate
-            elif level_by_level:
-                break
-        return best
+        """Levels this round keeps alone, in a forward of `rows` rows that each draft like it (level_cut.py)."""
+        return row_cut(levels, self.costs, rows, self.passes_run, level_by_level)
 
     def finish(self):
         levels, b = self.levels, self.b
@@ -466,43 +454,3 @@ def _groups(widths: tuple[int, ...]) -> list[int]:
     for w in widths[:-1]:
         groups.append(groups[-1] * w)
     return groups
-
-
-class _JointCut:
-    """The rows of one batched round that are cut together, keyed by id(seq)."""
-
-    def __init__(self, costs: Costs, other_tokens: int, draft_forwards: int = 1):
-        self.costs, self.other_tokens, self.draft_forwards = costs, other_tokens, draft_forwards
-        self.levels: dict[int, list] = {}
-        self._kept: dict[int, int] | None = None
-
-    def kept(self, key: int) -> int:
-        if self._kept is None:  # the first finish(): every row's step has run
-            keys = list(self.levels)
-            self._kept = dict(zip(keys, joint_cut([self.levels[k] for k in keys], self.costs, self.other_tokens,
-                                                          self.draft_forwards)))
-        return self._kept[key]
-
-
-def joint_cut(rows: list[list[list[tuple]]], costs: Costs, other_tokens: int = 0, draft_forwards: int = 1) -> list[int]:
-    """Levels kept per row (nodes (parent slot, token, q, p̂) by level) for the most expected tokens
-    per second of the round: every row keeps its first level; then, greedily, the level with the most
-    p̂ per verified token anywhere joins while that raises (expected tokens) / (draft + target time).
-    Within a row a level's p̂ sum never exceeds its parent level's, so levels join in order."""
-    kept = [min(1, len(levels)) for levels in rows]
-    expected = other_tokens + sum(1 + sum(n[3] for n in levels[0]) if levels else 1 for levels in rows)
-    tokens = other_tokens + sum(1 + (len(levels[0]) if levels else 0) for levels in rows)
-    draft_s = costs.draft(len(rows)) * draft_forwards  # the round's drafter forwards (one per pass), already spent
-    target_s = costs.target(tokens)
-    while True:
-        open_rows = [i for i, levels in enumerate(rows) if kept[i] < len(levels)]
-        if not open_rows:
-            return kept
-        i = max(open_rows, key=lambda i: sum(n[3] for n in rows[i][kept[i]]) / len(rows[i][kept[i]]))
-        level = rows[i][kept[i]]
-        next_s = costs.target(tokens + len(level))  # never below target_s: Costs reads a monotone fit
-        gain = sum(n[3] for n in level)
-        if (expected + gain) / (draft_s + next_s) <= expected / (draft_s + target_s):
-            return kept
-        kept[i] += 1
-        expected, tokens, target_s = expected + gain, tokens + len(level), next_s
