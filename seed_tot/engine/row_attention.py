@@ -6,7 +6,9 @@ is called with a `RowBatchCache`, whose `update` stores every row's new keys/val
 pool (kv_pool.py) with one write per layer, and an attention function registered with transformers'
 `AttentionInterface` runs one attention call per layer for all rows: their histories gathered from the
 pool by one index, their masks (tree structure + the layer's sliding window, masks.py's rules) built
-once per forward. No Python loop over rows runs inside a layer. With attention="pool"
+once per forward. No Python loop over rows runs inside a layer. Where a few rows verify drafts while
+the rest decode one token, the one-query rows get a call of their own (`RowSplit`): one call would pad
+every row's queries to the widest row's, and score each history that many times. With attention="pool"
 (model_runtime.py) nothing is gathered: one FlexAttention call per layer reads the pool's storage
 itself through a block mask over its slots, built once per forward (`_pool_attention`).
 
@@ -86,8 +88,9 @@ class RowBatchCache(Cache):
                  windows: list[int | None], history: int, *, rows: int, width: int, n_query: int, n_write: int,
                  one_each: bool, q_index: torch.Tensor | None = None, out_index: torch.Tensor | None = None,
                  valid: torch.Tensor | None = None, shared: int = 0, shared_slots=None,
-                 block_masks: dict | None = None, attend=None):
+                 block_masks: dict | None = None, attend=None, split: "RowSplit | None" = None):
         super().__init__(layers=[])
+        self.split = split  # rows of one query apart from the wider ones (RowSplit); None: one attention call
         # attention="pool": {window: BlockMask} over the pool's slots (masks.pool_block_masks) and the
         # FlexAttention function that reads the pool with them (ModelRuntime.flex); None: gather
         self.block_masks, self.attend = block_masks, attend
@@ -116,9 +119,10 @@ class RowBatchCache(Cache):
         valid = query < torch.tensor(n_new)[:, None]  # [B, Q]
         q_index = (torch.tensor(starts)[:, None] + query).masked_fill_(~valid, 0)
         out_index = (torch.arange(rows)[:, None] * width + query)[valid]
+        split = RowSplit.of(n_new, starts, plan.read_index, masks) if attend is None else None
         return cls(config, pool, plan.write_slots, plan.read_index, masks, windows, history, one_each=False,
                    q_index=to_device(q_index.reshape(-1), device), out_index=to_device(out_index, device),
-                   valid=to_device(valid, device),
+                   valid=to_device(valid, device), split=split,
                    **layout)
 
     def pool_masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> None:
@@ -141,6 +145,53 @@ class RowBatchCache(Cache):
         return self.history + query_length, 0
 
 
+# Split a forward's rows when that spares at least this many (query, key) pairs of padded attention:
+# below it, a second attention call per layer costs more host time than the scores it spares.
+SPLIT_MIN_PAIRS = 1024
+
+
+class RowSplit:
+    """A forward whose rows mostly decode one token while a few verify drafts: one attention call of
+    every row at the widest row's query width would score each one-query row's history `width` times
+    (on a CPU, with histories of hundreds of tokens, that padding is most of what a drafted token
+    costs), so the one-query rows get an attention call of their own, at width 1, and the wider rows
+    one at their width. Each row still attends to exactly its own keys under its own mask; only the
+    padding queries, whose outputs were dropped, are no longer computed. Laid out once per forward:
+      one, wide      the rows of each part (indices into the forward's rows)
+      q_one, q_wide  packed query of each part's queries ([B1]; [Bw * W], 0 for padding)
+      read           (read_index of the one-query rows, of the wide rows)
+      masks          {window: (one-query rows' masks [B1, 1, 1, K], wide rows' [Bw, 1, W, K])}
+      out            where packed query j sits in the two parts' outputs, one-query rows first."""
+
+    def __init__(self, one, wide, q_one, q_wide, read, masks, out):
+        self.one, self.wide, self.q_one, self.q_wide = one, wide, q_one, q_wide
+        self.read, self.masks, self.out = read, masks, out
+
+    @classmethod
+    def of(cls, n_new: list[int], starts: list[int], read_index: torch.Tensor, masks: dict) -> "RowSplit | None":
+        """The split of a forward with these rows, or None where one call is as good (no one-query row,
+        no wider row, or too few padded pairs spared: SPLIT_MIN_PAIRS)."""
+        width = max(n_new)
+        one = [b for b, n in enumerate(n_new) if n == 1]
+        wide = [b for b, n in enumerate(n_new) if n > 1]
+        if not one or not wide or any(m is None for m in masks.values()):
+            return None
+        if len(one) * (width - 1) * read_index.shape[1] < SPLIT_MIN_PAIRS:
+            return None
+        device = read_index.device
+        at_one = {b: i for i, b in enumerate(one)}
+        at_wide = {b: i for i, b in enumerate(wide)}
+        out = []  # packed order: row by row, each row's entries in order
+        for b, n in enumerate(n_new):
+            out += [at_one[b]] if n == 1 else [len(one) + at_wide[b] * width + t for t in range(n)]
+        q_wide = [starts[b] + t if t < n_new[b] else 0 for b in wide for t in range(width)]
+        one_t, wide_t = to_device(one, device), to_device(wide, device)
+        split_masks = {w: (m.index_select(0, one_t)[:, :, :1], m.index_select(0, wide_t)) for w, m in masks.items()}
+        return cls(one_t, wide_t, to_device([starts[b] for b in one], device), to_device(q_wide, device),
+                   (read_index.index_select(0, one_t), read_index.index_select(0, wide_t)), split_masks,
+                   to_device(out, device))
+
+
 def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=None, dropout=0.0,
                    softcap=None, **kwargs):
     """Every row's queries against its own history, in one attention call for all rows: the histories
@@ -159,7 +210,11 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
     _, n_heads, n_query, head_dim = query.shape  # one packed sequence of every row's queries
     rows, width = batch.rows, batch.width
     scaling = head_dim ** -0.5 if scaling is None else scaling
-    window = batch.windows[module.layer_idx]
+    layer, window = module.layer_idx, batch.windows[module.layer_idx]
+    # no window can hide a shared key from any query: the shared history is read once (cascade)
+    shared = bool(batch.shared) and window is None
+    if batch.split is not None:
+        return _split_attention(batch, layer, window, query, scaling, softcap, shared)
     mask = batch.masks[window]  # [B, 1, Q, K]
     decode = batch.one_each and n_query == rows  # one query per row, none padding: [1, H, B, D] in order
     if decode:
@@ -168,27 +223,51 @@ def _row_attention(batch: RowBatchCache, module, query, attention_mask, scaling=
         q = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [B, H, 1, D]
     else:
         q = query[0].index_select(1, batch.q_index).view(n_heads, rows, width, head_dim).transpose(0, 1)
-    if batch.shared and window is None:  # no window can hide a shared key from any query
-        out = _shared_history_attention(batch, module.layer_idx, q, mask, scaling, softcap)
-        return _packed_output(batch, out, decode, n_query)
-    keys, values = batch.pool.read(module.layer_idx, batch.read_index)  # [B, K, kv_heads, D]
+    out = _attention_of_rows(batch, layer, q, batch.read_index, mask, scaling, softcap, shared)
+    return _packed_output(batch, out, decode, n_query)
+
+
+def _attention_of_rows(batch: RowBatchCache, layer: int, q: torch.Tensor, read_index: torch.Tensor,
+                       mask: torch.Tensor | None, scaling: float, softcap: float | None, shared: bool) -> torch.Tensor:
+    """Attention [B, H, Q, D] of rows' queries q [B, H, Q, D] over the histories `read_index` [B, K]
+    names in the pool, under `mask` [B, 1, Q, K] (None: every key visible): one call for the rows."""
+    if shared:
+        return _shared_history_attention(batch, layer, q, mask, scaling, softcap, read_index)
+    rows, n_heads, width, head_dim = q.shape
+    keys, values = batch.pool.read(layer, read_index)  # [B, K, kv_heads, D]
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, kv_heads, K, D]
     n_kv = keys.shape[1]
     if softcap is None and batch.sdpa:
-        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
-                                                               enable_gqa=n_heads != n_kv)
-    else:
-        group = n_heads // n_kv
-        # a KV head's query heads and query tokens form one matrix [group * Q, D]: no key is repeated
-        scores = torch.matmul(q.reshape(rows, n_kv, group * width, head_dim), keys.transpose(-1, -2)) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.view(rows, n_kv, group, width, -1)
-        if mask is not None:  # None: every key visible to every query (kv_cache._sees_everything)
-            scores = scores + mask[:, :, None]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
-    return _packed_output(batch, out, decode, n_query)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
+                                                                enable_gqa=n_heads != n_kv)
+    group = n_heads // n_kv
+    # a KV head's query heads and query tokens form one matrix [group * Q, D]: no key is repeated
+    scores = torch.matmul(q.reshape(rows, n_kv, group * width, head_dim), keys.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(rows, n_kv, group, width, -1)
+    if mask is not None:  # None: every key visible to every query (kv_cache._sees_everything)
+        scores = scores + mask[:, :, None]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs.view(rows, n_kv, group * width, -1), values).view(rows, n_heads, width, head_dim)
+
+
+def _split_attention(batch: RowBatchCache, layer: int, window, query: torch.Tensor, scaling: float,
+                     softcap: float | None, shared: bool):
+    """Row attention in two calls (RowSplit): the one-query rows at width 1, the wider rows at theirs,
+    the outputs put back in the packed query layout the model expects, [1, n_query, H, D]."""
+    split, (_, n_heads, n_query, head_dim) = batch.split, query.shape
+    one_mask, wide_mask = split.masks[window]
+    packed = query[0]  # [H, n_query, D]
+    q_one = packed.index_select(1, split.q_one).transpose(0, 1).unsqueeze(2)  # [B1, H, 1, D]
+    q_wide = packed.index_select(1, split.q_wide).view(n_heads, len(split.wide), batch.width, head_dim).transpose(0, 1)
+    out_one = _attention_of_rows(batch, layer, q_one, split.read[0], one_mask, scaling, softcap, shared)
+    out_wide = _attention_of_rows(batch, layer, q_wide, split.read[1], wide_mask, scaling, softcap, shared)
+    out = torch.cat([out_one.reshape(-1, n_heads, head_dim),
+                     out_wide.transpose(1, 2).reshape(-1, n_heads, head_dim)]).index_select(0, split.out)
+    if n_query > out.shape[0]:  # padding queries (no row's) get zeros: their outputs are dropped
+        out = torch.cat([out, out.new_zeros(n_query - out.shape[0], n_heads, head_dim)])
+    return out[None], None
 
 
 def _pool_attention(batch: RowBatchCache, module, query: torch.Tensor, scaling: float | None,
@@ -228,7 +307,7 @@ def pool_refusal(model) -> str | None:
 
 
 def _shared_history_attention(batch: RowBatchCache, layer: int, q: torch.Tensor, mask: torch.Tensor | None,
-                              scaling: float, softcap: float | None) -> torch.Tensor:
+                              scaling: float, softcap: float | None, read_index: torch.Tensor) -> torch.Tensor:
     """Attention [B, H, Q, D] of every row's queries q [B, H, Q, D] over its history, where the first
     `batch.shared` keys are the same slots in every row (forks of one prompt stretch): those are read
     once, in place when consecutive, and scored for all rows' queries in one matmul per KV head; only
@@ -237,7 +316,7 @@ def _shared_history_attention(batch: RowBatchCache, layer: int, q: torch.Tensor,
     rows, n_heads, width, head_dim = q.shape
     shared = batch.shared
     shared_keys, shared_values = batch.pool.read_shared(layer, batch.shared_slots)  # [S, kv_heads, D]
-    keys, values = batch.pool.read(layer, batch.read_index[:, shared:])  # [B, K - S, kv_heads, D]
+    keys, values = batch.pool.read(layer, read_index[:, shared:])  # [B, K - S, kv_heads, D]
     n_kv = keys.shape[2]
     gq = n_heads // n_kv * width  # a KV head's query heads and query tokens: one matrix [G * Q, D]
     q = q.reshape(rows, n_kv, gq, head_dim)
