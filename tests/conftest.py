@@ -74,6 +74,19 @@ def reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]
     return out[0, len(prompt):].tolist()
 
 
+def count_calls(monkeypatch, module, name: str) -> dict:
+    """Wrap `module.name` so that each call adds one to the returned {"n": count}: how often a path ran."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def rows_stopping_differently(max_new_tokens: int = 30):
     """A target, prompts, tokenizer, params and greedy references under which rows end at different
     steps: sequence 0 at EOS after 2 tokens, sequence 1 at a stop string of its own output."""

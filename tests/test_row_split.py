@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import test_sampling_lossless as sampled
-from conftest import noisy_copy, reference_greedy, tiny_model
+from conftest import count_calls, noisy_copy, reference_greedy, tiny_model
 from seed_tot.engine import Engine, SamplingParams, kv_pool, row_attention
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from test_attention_types import ARCHS, VOCAB, build
@@ -26,16 +26,8 @@ NEW = 10
 @pytest.fixture
 def splits(monkeypatch):
     """How many layer forwards took the split path; every mixed forward splits (no minimum)."""
-    calls = {"n": 0}
-    real = row_attention._split_attention
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(row_attention, "_split_attention", counted)
     monkeypatch.setattr(row_attention, "SPLIT_MIN_PAIRS", 0)
-    return calls
+    return count_calls(monkeypatch, row_attention, "_split_attention")
 
 
 def _rows(engine: Engine, forked: bool) -> list[KVCache]:

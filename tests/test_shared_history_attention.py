@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import test_sampling_lossless as sampled
-from conftest import noisy_copy, reference_greedy, tiny_model
+from conftest import count_calls, noisy_copy, reference_greedy, tiny_model
 from seed_tot.engine import Engine, SamplingParams, kv_pool, row_attention
 from seed_tot.engine.kv_cache import KVCache, forward_batch
 from test_attention_types import ARCHS, VOCAB, build
@@ -28,15 +28,7 @@ NEW = 10
 @pytest.fixture
 def shared_reads(monkeypatch):
     """How many layer forwards took the shared-history path."""
-    calls = {"n": 0}
-    real = row_attention._shared_history_attention
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(row_attention, "_shared_history_attention", counted)
-    return calls
+    return count_calls(monkeypatch, row_attention, "_shared_history_attention")
 
 
 def _forked_rows(engine: Engine) -> list[KVCache]:
