@@ -53,7 +53,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Callable
 
 from . import row_attention
@@ -64,69 +63,13 @@ from .forward_thread import EngineStopped, ForwardThread
 from .policies import DraftPolicy, FixedPolicy
 from .sequence import Sequence
 from .speculative import accept_rows, draft_rows, score_rows
+from .verify_queue import Call, VerifyJob, VerifyQueue
 
 log = logging.getLogger(__name__)
 
 
 class SeedError(RuntimeError):
     """A draft round or a verification failed; the message names the sequence."""
-
-
-@dataclass
-class _Call:
-    """One generate call's rows, settings and timeline (events are relative to its own start)."""
-
-    seqs: list[Sequence]
-    policy: DraftPolicy | None  # None: draft nothing (plain target steps)
-    verify_batch: int | None  # the call's DecodeSpec limits: None is every one
-    draft_batch: int | None
-    n_workers: int  # rows of this call live at once
-    prepare: Callable[[], None] | None  # its prefill, run on the step thread when it is admitted
-    future: Future = field(default_factory=Future)
-    t0: float = field(default_factory=time.perf_counter)
-    events: list[dict] = field(default_factory=list)
-    waiting: collections.deque = field(default_factory=collections.deque)  # rows not started yet
-    live: int = 0
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    @property
-    def over(self) -> bool:
-        """Finished, failed or cancelled by its caller: its rows are dropped wherever they wait."""
-        return self.future.done()
-
-
-@dataclass
-class VerifyJob:
-    seq: Sequence
-    tree: DraftTree
-    node_entry: dict[int, int]
-    enqueued: float
-    call: _Call
-
-
-class VerifyQueue:
-    """The FCFS deque between the draft workers and the target (the step thread's alone: no lock)."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[VerifyJob] = collections.deque()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def push(self, job: VerifyJob) -> None:
-        self._items.append(job)
-
-    def drop_ended(self) -> None:
-        """Drop the jobs of calls that are over."""
-        self._items = collections.deque(job for job in self._items if not job.call.over)
-
-    def pop(self, at_most: int) -> list[VerifyJob]:
-        """The head job and the jobs behind it, up to the head's call's verify_batch and `at_most`."""
-        limit = self._items[0].call.verify_batch
-        n = min(at_most, len(self._items) if limit is None else limit, len(self._items))
-        return [self._items.popleft() for _ in range(n)]
 
 
 class SeedScheduler:
@@ -136,11 +79,11 @@ class SeedScheduler:
         self.engine = engine
         self._executor = executor or engine.forward_thread or ForwardThread("seed-step", cpu=False)
         self._lock = threading.Lock()
-        self._incoming: list[_Call] = []
+        self._incoming: list[Call] = []
         self._step_queued = False  # a step is queued or running: a kick need not queue another
-        self._calls: list[_Call] = []  # from here on, the step thread's state
+        self._calls: list[Call] = []  # from here on, the step thread's state
         self._queue = VerifyQueue()
-        self._to_draft: collections.deque[tuple[Sequence, _Call]] = collections.deque()
+        self._to_draft: collections.deque[tuple[Sequence, Call]] = collections.deque()
         self._in_step = False
         self._held: list = []  # model runtimes whose config names row attention while this loop has calls
         self._empty_tree = DraftTree.empty(engine.vocab_size)  # every plain step's draft (never changed)
@@ -184,7 +127,7 @@ class SeedScheduler:
         prepare: run on the step thread before the call's first round (its prefill)."""
         if policy is not None and not isinstance(policy, DraftPolicy):
             policy = FixedPolicy(policy)
-        call = _Call(seqs, policy, spec.verify_limit, spec.draft_limit, min(spec.n_workers or len(seqs), len(seqs)),
+        call = Call(seqs, policy, spec.verify_limit, spec.draft_limit, min(spec.n_workers or len(seqs), len(seqs)),
                      prepare)
         call.waiting.extend(seqs)
         # event times are relative to this instant; its absolute clock lets a trace place them exactly
@@ -315,12 +258,12 @@ class SeedScheduler:
                 row_attention.release(runtime.config)
             self._held = []
 
-    def _start_next(self, call: _Call) -> None:
+    def _start_next(self, call: Call) -> None:
         if call.waiting and not call.over:
             call.live += 1
             self._ready(call.waiting.popleft(), call)
 
-    def _ready(self, seq: Sequence, call: _Call) -> None:
+    def _ready(self, seq: Sequence, call: Call) -> None:
         """`seq` (just admitted or just verified) needs its next round, or leaves."""
         if call.over:
             return
@@ -344,7 +287,7 @@ class SeedScheduler:
                 return
             self._push(seq, call, tree, node_entry, start)
 
-    def _push(self, seq: Sequence, call: _Call, tree: DraftTree, node_entry: dict[int, int],
+    def _push(self, seq: Sequence, call: Call, tree: DraftTree, node_entry: dict[int, int],
               draft_start: float | None = None) -> None:
         end = call.now()
         if draft_start is not None:
@@ -448,7 +391,7 @@ class SeedScheduler:
             except Exception as err:  # the policy's own fault: its call's alone
                 self._end(call, SeedError(f"the draft policy failed after a verification: {err!r}"), err)
 
-    def _end(self, call: _Call, error: BaseException | None, cause: BaseException | None = None) -> None:
+    def _end(self, call: Call, error: BaseException | None, cause: BaseException | None = None) -> None:
         if not any(not c.over for c in self._calls if c is not call):
             self._hold_models(False)  # before the caller wakes: it gets its models back as it gave them
         try:
@@ -473,7 +416,7 @@ class SeedScheduler:
             self._end(call, err)
 
 
-def _draft_isolated(runtime, batch: list[tuple[Sequence, _Call]], vocab_size: int) -> list:
+def _draft_isolated(runtime, batch: list[tuple[Sequence, Call]], vocab_size: int) -> list:
     """One batched draft round of the rows; if it fails, each call's rows are drafted again on their
     own (their draft caches back to where the round began), so one call's fault (its policy, its row)
     cannot end the other calls that shared the round. Per row: (tree, node_entry) or the exception."""
