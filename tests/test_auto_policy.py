@@ -10,7 +10,7 @@ import torch
 
 from conftest import noisy_copy, reference_greedy, tiny_model
 from seed_tot import Engine, SamplingParams
-from seed_tot.engine.cost_model import cache_key, calibrate, monotone_fit
+from seed_tot.engine.cost_model import TIMING, cache_key, calibrate, monotone_fit
 from seed_tot.engine.draft_tree import DraftTree
 from seed_tot.engine.policies.auto import (CALIBRATION_TOKENS, DRAFT_CALIBRATION_TOKENS, AutoPolicy, Costs, best_length, derive_opt_tree_options,
                                           load_costs)
@@ -109,7 +109,7 @@ def test_a_cached_straight_line_from_an_older_version_is_measured_again(tmp_path
         "target_fixed_s": 9.0, "target_per_token_s": 9.0, "draft_step_s": 9.0, "target_points": points,
         "draft_points": [[n, 9.0] for n in DRAFT_CALIBRATION_TOKENS]}}))
     assert load_costs(engine).draft_step_s != 9.0
-    assert json.loads((tmp_path / "calibration.json").read_text())[key]["timing"] == "rounds"
+    assert json.loads((tmp_path / "calibration.json").read_text())[key]["timing"] == TIMING
 
 
 # a CPU-like target: flat up to 3 tokens, then 45 ms per token (issue 10's cost table, rounded)

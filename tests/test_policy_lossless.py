@@ -27,6 +27,12 @@ def _policy(name: str, draft):
         from seed_tot.engine.policies.suffix import SuffixSource
         return ChoosePolicy(Costs(0.1, 0.0, 0.001), SuffixSource(depth=2, factor=2, share="all"), max_len=2,
                             costs_at="calibrated")
+    if name == "choose-loaded":  # sampled rows priced at the calibration's loaded round: some rounds draft, some not
+        from seed_tot.engine.policies.choose import ChoosePolicy
+        from seed_tot.engine.policies.suffix import SuffixSource
+        loaded = ((0, 0.8), (1, 0.85), (2, 0.86), (8, 0.9))
+        return ChoosePolicy(Costs(0.1, 0.0, 0.001, (), (), loaded), SuffixSource(depth=2, factor=2, share="all"),
+                            max_len=2, prefill="free")
     # prefill=free: these calls must draft (a call that declines runs parallel's steps, tested apart)
     return AutoPolicy(Costs(0.1, 0.001, 0.01), max_len=2, prefill="free")
 
@@ -36,7 +42,7 @@ CASES = ([("opt-tree", "sd", setting) for setting in SETTINGS] + [("opt-tree", "
          # sd with SpecDec++'s head and mcsd with OPT-Tree's trees (gaps in the 2026-11-26 (d92b9b3) entry's audit of the matrix)
          + [("specdec", "sd", "temperature"), ("opt-tree", "mcsd", "temperature")]
          # choose: its suffix nodes read every earlier row's output (share=all), picked before the model's draws
-         + [("choose", "sd", "temperature"), ("choose", "seed", "top_p")])
+         + [("choose", "sd", "temperature"), ("choose", "seed", "top_p"), ("choose-loaded", "seed", "temperature")])
 
 
 @pytest.mark.parametrize("name,mode,setting", CASES)

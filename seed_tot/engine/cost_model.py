@@ -15,6 +15,14 @@ in $SEED_TOT_CACHE_DIR (default ~/.cache/seed-tot)/calibration.json, so a machin
 Not a calibration taken while the machine was busy (`contention`: other processes used the cores,
 or repeats of one forward spread widely): that one serves the run that took it, with a warning, and
 the next run measures again (or `--policy-option recalibrate=true` once the machine is quiet).
+
+It also times a loaded round (`loaded_points`): LOADED_ROWS rows, each over its own few hundred
+tokens of history, scoring one token each, and the same round with one row scoring 1, 2, 4 or 8
+tokens more. A row that plans its round alone (`choose`'s sampled rows) prices its drafted tokens
+with it (`Costs.at_load`): what one row's draft adds to a forward of rows with long histories is
+not what a one-row forward's tokens cost (on a CPU a drafting row sets its queries' attention apart,
+row_attention.RowSplit, a cost of its own), and these are calibrated, not wall-clock seconds of the
+run, so a sample for a seed still depends on nothing beside it.
 """
 from __future__ import annotations
 
@@ -37,7 +45,13 @@ log = logging.getLogger(__name__)
 # up to 64: a batched verification carries rows x (draft length + 1) tokens
 CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 128)  # 128: what a prompt prefill costs (auto prices it)
-TIMING = "rounds"  # how a cached entry was timed: every size once per round (`calibrate`)
+# the loaded round: its rows, their shared prompt and each row's own tokens after it, and the tokens
+# one row scores beyond its one (0: the plain round)
+LOADED_ROWS = 8
+LOADED_CONTEXT, LOADED_OWN = 256, 32
+LOADED_EXTRA = (0, 1, 2, 4, 8)
+# how a cached entry was timed: every size once per round (`calibrate`), with the loaded round
+TIMING = "rounds+loaded"
 
 
 @dataclass(frozen=True)
@@ -57,12 +71,14 @@ class Costs:
     draft_step_s: float
     target_points: tuple[tuple[int, float], ...] = ()
     draft_points: tuple[tuple[int, float], ...] = ()
+    # (tokens one row scores beyond its one, seconds) of a round of LOADED_ROWS rows (the module's docstring)
+    loaded_points: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         # read through their monotone fit: a forward of more tokens never costs less, so a calibration
         # whose 9 tokens time below its 3 measured noise, and a plan built on that dip drafts for nothing
-        object.__setattr__(self, "target_points", monotone_fit(self.target_points))
-        object.__setattr__(self, "draft_points", monotone_fit(self.draft_points))
+        for name in ("target_points", "draft_points", "loaded_points"):
+            object.__setattr__(self, name, monotone_fit(getattr(self, name)))
 
     def target(self, tokens: int) -> float:
         if len(self.target_points) < 2:
@@ -76,6 +92,37 @@ class Costs:
 
     def extra_token(self, tokens: int) -> float:
         """What verifying tokens + 1 instead of `tokens` adds."""
+        return self.target(tokens + 1) - self.target(tokens)
+
+    def at_load(self, rows: int) -> "Costs | LoadedRound":
+        """What a round of `rows` one-token rows, one of which plans its draft alone, is priced with:
+        the loaded round where it was timed, else these costs."""
+        if len(self.loaded_points) < 2 or self.loaded_points[0][1] <= 0:
+            return self
+        return LoadedRound(self, rows)
+
+
+class LoadedRound:
+    """`Costs` read at a loaded round of `rows` rows: target(rows) is the timed plain round scaled to
+    `rows` (per row: LOADED_ROWS of them shared one forward), and target(rows + n) adds what one row
+    scoring n more tokens added to it; the draft model's steps are the calibration's."""
+
+    def __init__(self, costs: Costs, rows: int):
+        self.costs, self.rows = costs, max(1, rows)
+        self.draft_step_s = costs.draft_step_s
+        self._plain = costs.loaded_points[0][1]
+        self._round = self._plain * self.rows / LOADED_ROWS
+
+    def target(self, tokens: int) -> float:
+        extra = tokens - self.rows
+        if extra <= 0:  # fewer tokens than rows: the round's share of them
+            return self._round * max(tokens, 1) / self.rows
+        return self._round + _piecewise(self.costs.loaded_points, extra) - self._plain
+
+    def draft(self, tokens: int) -> float:
+        return self.costs.draft(tokens)
+
+    def extra_token(self, tokens: int) -> float:
         return self.target(tokens + 1) - self.target(tokens)
 
 
@@ -252,10 +299,19 @@ def measure(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] 
     prompt = [i % engine.vocab_size for i in range(1, context + 1)]
 
     roles = {"target": (engine.target_runtime, sizes), "draft": (engine.draft_runtime, draft_sizes)}
-    runs = [(role, n) for role, (_, group) in roles.items() for n in group]
     caches = {role: KVCache() for role in roles}
     for role, (runtime, _) in roles.items():
         prefill(runtime, caches[role], prompt)
+
+    def single(role: str, n_new: int):
+        caches[role].forward(roles[role][0], (prompt * (n_new // context + 1))[:n_new], [j - 1 for j in range(n_new)])
+        caches[role].commit([])
+
+    steps = {(role, n): (lambda role=role, n=n: single(role, n)) for role, (_, group) in roles.items() for n in group}
+    loaded = _loaded_round(engine)
+    if loaded is not None:
+        steps.update({("loaded", n): (lambda n=n: loaded(n)) for n in LOADED_EXTRA})
+    runs = list(steps)
     best = [float("inf")] * len(runs)
     timed: list[list[float]] = [[] for _ in runs]
     load = CpuLoad()
@@ -268,21 +324,54 @@ def measure(engine, repeats: int = 3, context: int = 64, sizes: tuple[int, ...] 
     # instead of every repeat of one size, which it keeps as that size's cost
     with bar:
         for round_ in range(repeats + 1):  # the first is a warm-up
-            for i, (role, n_new) in enumerate(runs):
+            for i, run in enumerate(runs):
                 start = time.perf_counter()
-                caches[role].forward(roles[role][0], (prompt * (n_new // context + 1))[:n_new],
-                                     [j - 1 for j in range(n_new)])
+                steps[run]()
                 if round_:
                     timed[i].append(time.perf_counter() - start)
                     best[i] = min(best[i], timed[i][-1])
-                caches[role].commit([])
                 bar.update()
-    points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "target")
-    draft_points = tuple((n, t) for (role, n), t in zip(runs, best) if role == "draft")
-    (n0, one), (n1, many) = points[0], points[-1]
+    points = {role: tuple((n, t) for (r, n), t in zip(runs, best) if r == role) for role in ("target", "draft", "loaded")}
+    (n0, one), (n1, many) = points["target"][0], points["target"][-1]
     per_token = max(0.0, (many - one) / max(n1 - n0, 1))  # the straight line, kept for reading the cache
-    costs = Costs(max(one - per_token * n0, 1e-6), per_token, draft_points[0][1], points, draft_points)
+    costs = Costs(max(one - per_token * n0, 1e-6), per_token, points["draft"][0][1], points["target"], points["draft"],
+                  points["loaded"])
     return Calibration(costs, dict(zip(runs, timed)), load.sample(), load.cores, torch.get_num_threads())
+
+
+def _loaded_round(engine):
+    """A timed step of the loaded round (the module's docstring): LOADED_ROWS rows forked from one
+    LOADED_CONTEXT-token prompt, each with LOADED_OWN tokens of its own after it; step(n) scores one
+    token in every row and n more in the first, then drops them. None where the target's batched
+    forwards do not read a pool (row_attention.serves) or its position table is too short."""
+    from . import row_attention
+    from .kv_cache import KVCache, forward_batch
+    from .speculative import prefill
+
+    runtime = engine.target_runtime
+    limit = runtime.layout.max_positions
+    context = LOADED_CONTEXT if limit is None else min(LOADED_CONTEXT, limit - LOADED_OWN - max(LOADED_EXTRA) - 1)
+    if not row_attention.serves(runtime.model) or context < LOADED_OWN:
+        return None
+    root = KVCache()
+    prefill(runtime, root, [(7 * i) % engine.vocab_size for i in range(1, context + 1)])
+    rows = [root.fork() for _ in range(LOADED_ROWS)]
+    own = [[(11 * b + 3 * i) % engine.vocab_size for i in range(LOADED_OWN)] for b in range(LOADED_ROWS)]
+    forward_batch(runtime, rows, own, [list(range(-1, LOADED_OWN - 1))] * LOADED_ROWS, what="the loaded round")
+    for kv, tokens in zip(rows, own):
+        kv.commit(list(range(len(tokens))))
+    device = runtime.model.device
+
+    def step(extra: int) -> None:
+        widths = [1 + extra] + [1] * (LOADED_ROWS - 1)
+        forward_batch(runtime, rows, [[5] * n for n in widths], [list(range(-1, n - 1)) for n in widths],
+                      what="the loaded round")
+        if device.type == "cuda":  # the round's seconds, not its launch's
+            torch.cuda.synchronize(device)
+        for kv in rows:
+            kv.commit([])
+
+    return step
 
 
 def _current(entry: dict, largest: int, largest_draft: int) -> bool:
@@ -291,7 +380,7 @@ def _current(entry: dict, largest: int, largest_draft: int) -> bool:
     single-row sizes up to 16 tokens and no batched draft steps, or draft steps up to 32 tokens and
     no prompt-sized one (a prefill priced from them extrapolates the slope of small batched steps,
     nearly flat on a GPU), or timed size by size (a busy stretch of the machine could set one size's
-    cost). Those are measured again."""
+    cost), or without the loaded round. Those are measured again."""
     sizes = [n for n, _ in entry.get("target_points", ())]
     draft_sizes = [n for n, _ in entry.get("draft_points", ())]
     return (max(sizes, default=0) >= largest and max(draft_sizes, default=0) >= largest_draft
@@ -302,7 +391,7 @@ def costs_from_entry(entry: dict) -> Costs:
     """The Costs a calibration cache entry holds (JSON keeps its points as lists)."""
     fields = {k: v for k, v in entry.items() if k != "timing"}
     return Costs(**{**fields, **{k: tuple((int(n), float(t)) for n, t in entry.get(k, ()))
-                                 for k in ("target_points", "draft_points")}})
+                                 for k in ("target_points", "draft_points", "loaded_points")}})
 
 
 def load_costs(engine, recalibrate: bool = False) -> Costs:

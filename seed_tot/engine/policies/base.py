@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cost_model import LOADED_ROWS
 from ..draft_tree import DETERMINISTIC, UNREAD, DraftTree
 from ..hidden_capture import HiddenCapture  # noqa: F401  (policies and training import it from here)
 from ..params import SamplingParams
@@ -107,7 +108,8 @@ def flag_option(policy: str, key: str, value) -> bool:
 # constant, so its draft depends on nothing beside it, while its tokens pay for what they add to a
 # loaded forward. Priced as one row on a CPU, whose first tokens cost almost nothing, every draft
 # looks free; 8 measured best of 1, 4 and 8 (docs/benchmarks.md, "The cost cut becomes the default").
-SAMPLED_ROWS = 8
+# The calibration times a round of as many rows (cost_model.LOADED_ROWS) for `choose` to price it with.
+SAMPLED_ROWS = LOADED_ROWS
 
 
 def priced_rows(params, sampled_rows: int) -> int:

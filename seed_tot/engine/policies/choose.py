@@ -32,8 +32,10 @@ Exactness: every option's draft is verified as any other (the suffix nodes are p
 proposals, tried before the model's draws in their sibling group, verify.py). A sampled row (under
 load=greedy, the default) decides from its own history and prices its round as if `sampled_rows`
 rows like it shared the forward (a constant, base.SAMPLED_ROWS as in parallelspec.py: priced as one row, a
-CPU's nearly flat first tokens make every draft look free), so its choices, and thus its sample for a
-seed, depend on nothing that runs beside it (base.load_option).
+CPU's nearly flat first tokens make every draft look free), with the calibration's loaded round of
+that many rows (cost_model.py: what its drafted tokens add to a forward of long-history rows, which a
+one-row forward's tokens under-price on a CPU), so its choices, and thus its sample for a seed,
+depend on nothing that runs beside it (base.load_option).
 
 Costs at the run's load (option costs=measured, the default): a row that may read other rows (greedy,
 or drafter-invariant sampling) is priced with load_costs.py's fit of the verification forwards the
@@ -301,10 +303,11 @@ class ChoosePolicy(DraftPolicy):
 
     def _costs(self, params: SamplingParams, rows: int):
         """What a round of `rows` rows is priced with: the measured load's costs for a row whose drafts
-        cannot change its tokens (timings must not steer a sample), else the calibration."""
+        cannot change its tokens (timings must not steer a sample), else the calibration's loaded round
+        (cost_model.Costs.at_load: what one row's draft adds to a forward of long-history rows)."""
         if self.load_costs is not None and self._pooled(params):
             return self.load_costs.at(rows)
-        return self.costs
+        return self.costs.at_load(rows)
 
     def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
         if self.load_costs is not None:
