@@ -48,6 +48,7 @@ def test_an_entry_without_the_loaded_round_is_measured_again(tmp_path, monkeypat
 
 
 def test_a_round_read_at_the_loaded_round_adds_what_one_rows_tokens_added():
+    assert LOADED_ROWS == SAMPLED_ROWS  # the calibration times the round a sampled row is priced at
     view = DEAR.at_load(LOADED_ROWS)
     assert isinstance(view, LoadedRound) and view.draft(4) == DEAR.draft(4)
     assert view.target(8) == pytest.approx(0.08)

@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 # up to 64: a batched verification carries rows x (draft length + 1) tokens
 CALIBRATION_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DRAFT_CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 128)  # 128: what a prompt prefill costs (auto prices it)
-# the loaded round: its rows, their shared prompt and each row's own tokens after it, and the tokens
-# one row scores beyond its one (0: the plain round)
+# the loaded round: its rows (as many as a sampled row's round is priced at, policies/base.SAMPLED_ROWS),
+# their shared prompt and each row's own tokens after it, and the tokens one row scores beyond its one
+# (0: the plain round)
 LOADED_ROWS = 8
 LOADED_CONTEXT, LOADED_OWN = 256, 32
 LOADED_EXTRA = (0, 1, 2, 4, 8)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cost_model import LOADED_ROWS
 from ..draft_tree import DETERMINISTIC, UNREAD, DraftTree
 from ..hidden_capture import HiddenCapture  # noqa: F401  (policies and training import it from here)
 from ..params import SamplingParams
@@ -109,7 +108,7 @@ def flag_option(policy: str, key: str, value) -> bool:
 # loaded forward. Priced as one row on a CPU, whose first tokens cost almost nothing, every draft
 # looks free; 8 measured best of 1, 4 and 8 (docs/benchmarks.md, "The cost cut becomes the default").
 # The calibration times a round of as many rows (cost_model.LOADED_ROWS) for `choose` to price it with.
-SAMPLED_ROWS = LOADED_ROWS
+SAMPLED_ROWS = 8
 
 
 def priced_rows(params, sampled_rows: int) -> int:
