@@ -16,9 +16,9 @@ Not a calibration taken while the machine was busy (`contention`: other processe
 or repeats of one forward spread widely): that one serves the run that took it, with a warning, and
 the next run measures again (or `--policy-option recalibrate=true` once the machine is quiet).
 
-It also times a loaded round (`loaded_points`): LOADED_ROWS rows, each over its own few hundred
-tokens of history, scoring one token each, and the same round with one row scoring 1, 2, 4 or 8
-tokens more. A row that plans its round alone (`choose`'s sampled rows) prices its drafted tokens
+It also times a loaded round (`loaded_points`): LOADED_ROWS rows forked from one prompt (as a
+thought call's rows are), each with tokens of its own after it, scoring one token each, and the
+same round with one row scoring 1, 2, 4 or 8 tokens more. A row that plans its round alone (`choose`'s sampled rows) prices its drafted tokens
 with it (`Costs.at_load`): what one row's draft adds to a forward of rows with long histories is
 not what a one-row forward's tokens cost (on a CPU a drafting row sets its queries' attention apart,
 row_attention.RowSplit, a cost of its own), and these are calibrated, not wall-clock seconds of the
