@@ -103,14 +103,31 @@ class Costs:
         return LoadedRound(self, rows)
 
 
-class LoadedRound:
-    """`Costs` read at a loaded round of `rows` rows: target(rows) is the timed plain round scaled to
+class RoundCosts:
+    """`Costs` read at one round of `rows` rows: a subclass says what its target forwards cost; the
+    draft model's steps are the calibration's (what `best_option` and `decode_saving` read)."""
+
+    def __init__(self, calibrated: Costs, rows: int):
+        self.calibrated, self.rows = calibrated, max(1, rows)
+        self.draft_step_s = calibrated.draft_step_s
+
+    def target(self, tokens: int) -> float:
+        raise NotImplementedError
+
+    def draft(self, tokens: int) -> float:
+        return self.calibrated.draft(tokens)
+
+    def extra_token(self, tokens: int) -> float:
+        return self.target(tokens + 1) - self.target(tokens)
+
+
+class LoadedRound(RoundCosts):
+    """The calibration's loaded round at `rows` rows: target(rows) is the timed plain round scaled to
     `rows` (per row: LOADED_ROWS of them shared one forward), and target(rows + n) adds what one row
-    scoring n more tokens added to it; the draft model's steps are the calibration's."""
+    scoring n more tokens added to it."""
 
     def __init__(self, costs: Costs, rows: int):
-        self.costs, self.rows = costs, max(1, rows)
-        self.draft_step_s = costs.draft_step_s
+        super().__init__(costs, rows)
         self._plain = costs.loaded_points[0][1]
         self._round = self._plain * self.rows / LOADED_ROWS
 
@@ -118,13 +135,7 @@ class LoadedRound:
         extra = tokens - self.rows
         if extra <= 0:  # fewer tokens than rows: the round's share of them
             return self._round * max(tokens, 1) / self.rows
-        return self._round + _piecewise(self.costs.loaded_points, extra) - self._plain
-
-    def draft(self, tokens: int) -> float:
-        return self.costs.draft(tokens)
-
-    def extra_token(self, tokens: int) -> float:
-        return self.target(tokens + 1) - self.target(tokens)
+        return self._round + _piecewise(self.calibrated.loaded_points, extra) - self._plain
 
 
 def monotone_fit(points: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost_model import Costs
+from .cost_model import Costs, RoundCosts
 
 COST_PRICING = ("measured", "calibrated")
 # where the calibrated curve's line is read (rows, query tokens), and the scale of a round's tokens and rows
@@ -78,19 +78,12 @@ class LoadCosts:
         return AtLoad(self, rows)
 
 
-class AtLoad:
-    """The costs a round of `rows` rows is planned with: target(n) from the fit at those rows, the
-    draft model's steps from the calibration (what `best_option` and `decode_saving` read)."""
+class AtLoad(RoundCosts):
+    """The costs a round of `rows` rows is planned with: target(n) from the fit at those rows."""
 
     def __init__(self, costs: LoadCosts, rows: int):
-        self.load, self.rows = costs, max(1, rows)
-        self.draft_step_s = costs.calibrated.draft_step_s
+        super().__init__(costs.calibrated, rows)
+        self.load = costs
 
     def target(self, tokens: int) -> float:
         return self.load.target(self.rows, tokens)
-
-    def draft(self, tokens: int) -> float:
-        return self.load.calibrated.draft(tokens)
-
-    def extra_token(self, tokens: int) -> float:
-        return self.target(tokens + 1) - self.target(tokens)
