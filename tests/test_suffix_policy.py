@@ -220,7 +220,7 @@ def test_bad_options_and_no_draft_model_needed(target):
 from seed_tot.engine.cost_model import Costs  # noqa: E402
 from seed_tot.engine.policies.choose import ChoosePolicy, best_option, expected_accepted  # noqa: E402
 
-FLAT = Costs(0.1, 0.0, 0.001)  # a verified token costs nothing more: every source pays, both at once most
+FLAT = Costs(0.1, 0.0, 0.0)  # a verified token and a draft step cost nothing more: every source pays, both at once most
 DEAR = Costs(0.01, 0.05, 0.05)  # a drafted token costs most of a step: hardly any draft pays
 MILD = Costs(0.05, 0.01, 0.01)  # a drafted token costs a sixth of a step: a draft pays if surer than that
 
@@ -305,6 +305,59 @@ def test_a_sampled_row_is_priced_at_its_constant_load_and_a_greedy_one_planned_a
     assert drafted[1.0, 16] < 0.3  # declined but for the probes that keep its estimates fresh
     with pytest.raises(ValueError, match="sampled_rows"):
         ChoosePolicy(steep, SuffixSource(depth=4), sampled_rows=0)
+
+
+# a draft model whose one forward costs 80 ms for one row and 150 ms for eight, beside a target round of
+# 8 rows at 450 ms and 16 ms a verified token more (the Qwen2.5-Coder 0.5B / 1.5B pair on a 2-core CPU)
+SHARED = Costs(0.05, 0.016, 0.08, ((1, 0.06), (8, 0.45), (64, 1.35)), ((1, 0.08), (8, 0.15), (64, 0.6)))
+
+
+def test_a_model_draft_step_is_priced_at_the_rows_that_share_it():
+    assert best_option(0.8, 0.0, 0, SHARED, 3, 8, graft=True)[0] > 0  # its share of a forward for 8
+    assert best_option(0.8, 0.0, 0, SHARED, 3, 8, graft=True, drafting=1) == (0, 0)  # the whole forward alone
+    assert best_option(0.8, 0.0, 0, SHARED, 3, 8, graft=True, drafting=8) == best_option(0.8, 0.0, 0, SHARED, 3, 8,
+                                                                                          graft=True)
+
+
+def _planned_round(alphas: list[float]) -> list[int]:
+    """The model lengths choose's joint plan gives greedy rows whose model acceptance is `alphas` (no
+    suffix match), in one round of as many rows."""
+    from types import SimpleNamespace
+
+    policy = ChoosePolicy(SHARED, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
+    policy.source = SimpleNamespace(draft=lambda seq, limit: [])  # no suffix match: the model or nothing
+    seqs = [SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=32, temperature=0)),
+                            generated=[]) for _ in alphas]
+    by_row = {id(s): a for s, a in zip(seqs, alphas)}
+    policy.alpha = lambda seq, source: by_row[id(seq)] if source == "model" else 0.0
+    policy.plan_batch(seqs, len(seqs))
+    return [policy._plans[id(s)][0] for s in seqs]
+
+
+def test_the_joint_plan_prices_the_model_at_the_rows_that_take_it():
+    """Eight sure rows share the draft forward and all draft; one sure row among seven the model never
+    gets right would take it at an eighth of the forward, but it would run for that row alone, and
+    at that price it does not pay; four sure rows still pay at a quarter each."""
+    assert all(k > 0 for k in _planned_round([0.8] * 8))
+    assert _planned_round([0.8] + [0.0] * 7) == [0] * 8
+    four = _planned_round([0.8] * 4 + [0.0] * 4)
+    assert all(k > 0 for k in four[:4]) and four[4:] == [0] * 4
+
+
+@pytest.mark.parametrize("mode,batch", [("seed", None), ("seed", 1)])
+def test_choose_greedy_output_equals_the_target_alone_when_the_plan_reprices_its_drafting_rows(target, mode, batch):
+    """With a draft that is always right and draft forwards that cost a lone row four times its share
+    of eight, the rows that draft change from round to round; the tokens stay the target's."""
+    import copy
+
+    params = SamplingParams(max_new_tokens=32, temperature=0, search_key="s", phase="thought")
+    engine = Engine(target, copy.deepcopy(target))
+    policy = ChoosePolicy(SHARED, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS] + [p + [7] for p in PROMPTS]
+    results = engine.generate(prompts, params, mode=mode, draft_batch=batch, verify_batch=batch, draft_policy=policy)
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == reference_greedy(target, prompt, 32)
+    assert any(rec["drafted"] for rec in policy.records)
 
 
 def test_choose_by_name_and_its_options(target):

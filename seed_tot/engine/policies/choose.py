@@ -9,7 +9,9 @@ pays changes from row to row and phase to phase, so each is priced every round:
 
     expected accepted   model chain of K: sum_i a_m^i; suffix chain of L: sum_i a_s^i; both (two
                         branches off the root): sum_i 1 - (1 - a_m^i [i <= K]) (1 - a_s^i [i <= L])
-    step cost           K draft steps (the draft's batched step cost shared by the round's rows)
+    step cost           K draft steps (each one forward of the draft model, shared by the rows that
+                        draft with it this round: plan_batch prices the jointly planned rows at that
+                        number, a row planned alone at its round's rows)
                         + what verifying 1 + K + L tokens adds to the round's target forward
     choice              the option with the most  expected accepted - R x added seconds,  R being
                         the round's plain rate (rows / target(rows)): an option is taken only where
@@ -83,15 +85,17 @@ def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
 
 
 def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
-                graft: bool, one_pass: bool = False) -> tuple[int, int]:
+                graft: bool, one_pass: bool = False, drafting: int | None = None) -> tuple[int, int]:
     """(model chain length, suffix chain length) with the most expected accepted tokens minus what
     their added seconds would give at the round's plain rate; (0, 0): a plain step. The suffix chain
     may be cut to any prefix of its suffix_len nodes. one_pass: the model drafts its max_len levels
-    in one forward (a ParallelSpec drafter) or not at all."""
+    in one forward (a ParallelSpec drafter) or not at all. drafting: the rows that share the model's
+    draft steps (default: every row of the round)."""
     rows = max(1, rows)
+    drafting = rows if drafting is None else max(1, drafting)
     base = costs.target(rows)
     rate = rows / base
-    per_step = costs.draft(rows) / rows  # a draft step's share of one row in a round of `rows`
+    per_step = costs.draft(drafting) / drafting  # one row's share of a draft step run for `drafting` rows
     best, best_gain = (0, 0), 0.0
     for k in ((0, max_len) if one_pass else range(max_len + 1)):
         for l in range(suffix_len + 1):  # any prefix of the suffix chain: a long match may pay only in part
@@ -162,6 +166,7 @@ class ChoosePolicy(DraftPolicy):
         self._rows: dict[int, _Row] = {}
         self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
         self._load: dict[int, int] = {}  # id(seq) -> the rows of its batched round (its plan)
+        self._plans: dict[int, tuple[int, int, int, list]] = {}  # id(seq) -> its round's joint plan (plan_batch)
         self._suffix_only = SuffixOnly(self)  # what a call that declines the model's prefill runs
 
     @classmethod
@@ -269,8 +274,39 @@ class ChoosePolicy(DraftPolicy):
     def plan_batch(self, seqs: list, rows: int) -> None:
         together = planned_together(seqs, self.load)
         self._load = {id(s): rows for s in together}
+        self._plans = self._share_draft_steps(together, rows)
         if self.model is not None:
             self.model.plan_batch(seqs, rows)
+
+    def _share_draft_steps(self, together: list, rows: int) -> dict[int, tuple[int, int, int, list]]:
+        """Every jointly planned row's (model length, suffix length, its suffix limit, its suffix chain),
+        the model's draft steps priced at the rows that take them. The round's draft forward runs once
+        for its drafting rows, so each pays its share: draft(m) / m for m of them, and a lone drafting
+        row the whole forward (for a 0.5B draft on a CPU, draft(1) is 4x draft(8) / 8). Every row is
+        first priced as if all of them drafted; while fewer take the model than were priced, the takers
+        are priced again at their number (a forward for fewer rows costs each more), until that holds.
+        Only rows whose drafts cannot change their tokens plan together, so this steers no sample."""
+        options = []
+        for seq in together:
+            limit = seq.rule.params.max_new_tokens - len(seq.generated)
+            chain = _chain(self.source.draft(seq, limit))
+            options.append((seq, limit, chain, self.alpha(seq, "model"), self.alpha(seq, "suffix"),
+                            self._costs(seq.rule.params, rows)))
+        plans: dict[int, tuple[int, int, int, list]] = {}
+        drafting = len(options)
+        while options:
+            takers = []
+            for entry in options:
+                seq, limit, chain, a_model, a_suffix, costs = entry
+                k, l = best_option(a_model, a_suffix, len(chain), costs, self.max_len, rows, self.graft,
+                                   self.model is not None, drafting)
+                plans[id(seq)] = (k, l, limit, chain)
+                if k:
+                    takers.append(entry)
+            if len(takers) >= drafting:
+                break
+            options, drafting = takers, len(takers)  # strictly fewer: the loop ends
+        return plans
 
     def clear_text(self) -> None:
         self.source.clear()
@@ -280,11 +316,15 @@ class ChoosePolicy(DraftPolicy):
         suffix chain or nothing."""
         row = self._row(seq)
         b = TreeBuilder(seq, params, vocab_size)
-        nodes = self.source.draft(seq, b.remaining)
-        chain = _chain(nodes)
         rows = self._load.pop(id(seq), priced_rows(params, self.sampled_rows))
-        k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain), self._costs(params, rows),
-                           self.max_len if model else 0, rows, self.graft, model and self.model is not None)
+        plan = self._plans.pop(id(seq), None)
+        if plan is not None and model and plan[2] == b.remaining:  # the batch's plan (plan_batch)
+            k, l, _, chain = plan
+        else:
+            chain = _chain(self.source.draft(seq, b.remaining))
+            k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain),
+                               self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
+                               model and self.model is not None)
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
@@ -351,6 +391,7 @@ class ChoosePolicy(DraftPolicy):
         if seq.done:
             self._rows.pop(id(seq), None)
             self._load.pop(id(seq), None)
+            self._plans.pop(id(seq), None)
 
 
 class SuffixOnly(DraftPolicy):
