@@ -319,6 +319,14 @@ def test_a_model_draft_step_is_priced_at_the_rows_that_share_it():
                                                                                           graft=True)
 
 
+def test_a_model_draft_is_priced_with_the_tokens_it_must_catch_up_on():
+    """A row that has not drafted for a while feeds the draft every token since, at its first step:
+    the draft that pays right after the last one (1 unseen token) does not after 40."""
+    assert best_option(0.8, 0.0, 0, SHARED, 3, 8, graft=True, drafting=8, pending=1)[0] > 0
+    assert best_option(0.8, 0.0, 0, SHARED, 3, 8, graft=True, drafting=8, pending=40) == (0, 0)
+    assert best_option(0.8, 0.9, 4, SHARED, 3, 8, graft=True, drafting=8, pending=40) == (0, 4)  # the text alone
+
+
 def _planned_round(alphas: list[float]) -> list[int]:
     """The model lengths choose's joint plan gives greedy rows whose model acceptance is `alphas` (no
     suffix match), in one round of as many rows."""
@@ -327,7 +335,7 @@ def _planned_round(alphas: list[float]) -> list[int]:
     policy = ChoosePolicy(SHARED, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
     policy.source = SimpleNamespace(draft=lambda seq, limit: [])  # no suffix match: the model or nothing
     seqs = [SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=32, temperature=0)),
-                            generated=[]) for _ in alphas]
+                            generated=[], draft=None) for _ in alphas]
     by_row = {id(s): a for s, a in zip(seqs, alphas)}
     policy.alpha = lambda seq, source: by_row[id(seq)] if source == "model" else 0.0
     policy.plan_batch(seqs, len(seqs))

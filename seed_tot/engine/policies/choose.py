@@ -11,7 +11,8 @@ pays changes from row to row and phase to phase, so each is priced every round:
                         branches off the root): sum_i 1 - (1 - a_m^i [i <= K]) (1 - a_s^i [i <= L])
     step cost           K draft steps (each one forward of the draft model, shared by the rows that
                         draft with it this round: plan_batch prices the jointly planned rows at that
-                        number, a row planned alone at its round's rows)
+                        number, a row planned alone at its round's rows; the first step also feeds the
+                        row's tokens the draft has not seen, every one since it last drafted)
                         + what verifying 1 + K + L tokens adds to the round's target forward
     choice              the option with the most  expected accepted - R x added seconds,  R being
                         the round's plain rate (rows / target(rows)): an option is taken only where
@@ -85,23 +86,27 @@ def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
 
 
 def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
-                graft: bool, one_pass: bool = False, drafting: int | None = None) -> tuple[int, int]:
+                graft: bool, one_pass: bool = False, drafting: int | None = None, pending: int = 1) -> tuple[int, int]:
     """(model chain length, suffix chain length) with the most expected accepted tokens minus what
     their added seconds would give at the round's plain rate; (0, 0): a plain step. The suffix chain
     may be cut to any prefix of its suffix_len nodes. one_pass: the model drafts its max_len levels
     in one forward (a ParallelSpec drafter) or not at all. drafting: the rows that share the model's
-    draft steps (default: every row of the round)."""
+    draft steps (default: every row of the round); pending: the row's tokens the draft model has not
+    seen yet (every token since it last drafted), fed at its first draft step."""
     rows = max(1, rows)
     drafting = rows if drafting is None else max(1, drafting)
     base = costs.target(rows)
     rate = rows / base
     per_step = costs.draft(drafting) / drafting  # one row's share of a draft step run for `drafting` rows
+    # the first step also catches the draft up on the row's unseen tokens (as auto's batch_time prices it)
+    first = costs.draft(drafting * max(1, pending)) / drafting
     best, best_gain = (0, 0), 0.0
     for k in ((0, max_len) if one_pass else range(max_len + 1)):
         for l in range(suffix_len + 1):  # any prefix of the suffix chain: a long match may pay only in part
             if (k == 0 and l == 0) or (k and l and not graft):
                 continue
-            added = costs.target(rows + k + l) - base + (min(k, 1) if one_pass else k) * per_step
+            drafted = 0.0 if k == 0 else first + (0 if one_pass else k - 1) * per_step
+            added = costs.target(rows + k + l) - base + drafted
             gain = expected_accepted(a_model, k, a_suffix, l) - rate * added
             if gain > best_gain:
                 best, best_gain = (k, l), gain
@@ -291,15 +296,15 @@ class ChoosePolicy(DraftPolicy):
             limit = seq.rule.params.max_new_tokens - len(seq.generated)
             chain = _chain(self.source.draft(seq, limit))
             options.append((seq, limit, chain, self.alpha(seq, "model"), self.alpha(seq, "suffix"),
-                            self._costs(seq.rule.params, rows)))
+                            self._costs(seq.rule.params, rows), _unseen(seq)))
         plans: dict[int, tuple[int, int, int, list]] = {}
         drafting = len(options)
         while options:
             takers = []
             for entry in options:
-                seq, limit, chain, a_model, a_suffix, costs = entry
+                seq, limit, chain, a_model, a_suffix, costs, pending = entry
                 k, l = best_option(a_model, a_suffix, len(chain), costs, self.max_len, rows, self.graft,
-                                   self.model is not None, drafting)
+                                   self.model is not None, drafting, pending)
                 plans[id(seq)] = (k, l, limit, chain)
                 if k:
                     takers.append(entry)
@@ -324,7 +329,7 @@ class ChoosePolicy(DraftPolicy):
             chain = _chain(self.source.draft(seq, b.remaining))
             k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
-                               model and self.model is not None)
+                               model and self.model is not None, pending=_unseen(seq))
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
@@ -428,6 +433,11 @@ def _parallel_drafter(engine) -> bool:
     """Whether the engine's draft model is a ParallelSpec drafter (its [MASK] tokens draft every level in
     one forward; one that reads the target's hidden states takes no other round)."""
     return bool(getattr(getattr(engine, "draft", None), "n_masks", 0))
+
+
+def _unseen(seq) -> int:
+    """How many of the row's tokens its draft cache has not seen (a row of a call without one: 1)."""
+    return 1 if seq.draft is None else len(seq.pending(seq.draft))
 
 
 def _chain(nodes) -> list:
