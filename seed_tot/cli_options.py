@@ -120,11 +120,11 @@ def policy_options(fn):
     for option in reversed([
         click.option("--draft-policy", metavar="POLICY", callback=one_of_later("seed_tot.engine.decode_spec", "POLICIES"), default=None,
                      help="fixed (k_config shapes; the default of sd, mcsd, and seed with a tree k_config or on a GPU), opt-tree, "
-                          "specdec, auto (the default of seed on a CPU with a draft model and a chain k_config), parallelspec "
-                          "(a ParallelSpec drafter's rounds, every round), lookup (prompt lookup, no draft model; "
-                          "the default with --draft lookup), suffix (the run's own text, no draft model) or choose "
+                          "specdec, auto (the default of seed on a CPU with a chain k_config where the models cannot score trees), "
+                          "parallelspec (a ParallelSpec drafter's rounds, every round), lookup (prompt lookup, no draft "
+                          "model; the default with --draft lookup), suffix (the run's own text, no draft model) or choose "
                           "(per row and round: the draft model, the suffix draft, both or none, by expected gain; "
-                          "the default with a ParallelSpec drafter, the embedded one's too)."),
+                          "the default of seed on a CPU with a chain k_config, and with a ParallelSpec drafter)."),
         click.option("--policy-option", "policy_option", multiple=True, metavar="KEY=VALUE",
                      help="A draft-policy setting, repeatable, e.g. n=8, delta=0.2, h=0.5, cut=cost, passes=2, ngram=3."),
         click.option("--head", "head_dir", type=click.Path(file_okay=False), default=None,

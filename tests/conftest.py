@@ -105,7 +105,7 @@ def rows_stopping_differently(max_new_tokens: int = 30):
 
 @pytest.fixture(autouse=True)
 def seed_drafts_fixed_chains(request, monkeypatch):
-    """In-process tests run seed with the fixed policy where they name none. Its default, auto,
+    """In-process tests run seed with the fixed policy where they name none. Its default, choose,
     decides from this machine's timing whether drafting pays (on tiny models on a CPU it mostly does
     not), so a test of drafting, verification or an attention path would test a plain target step,
     and one of counts would depend on the machine. Tests marked `seed_default_policy`

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import reference_greedy
+from conftest import noisy_copy, reference_greedy
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine import cost_model
 from seed_tot.engine.drafters.parallelspec import ParallelDrafter
@@ -17,12 +17,27 @@ GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 PROMPT = [5, 17, 42, 9, 3, 77, 12]
 
 
-def test_seed_on_a_cpu_with_a_draft_model_and_a_chain_runs_auto_and_keeps_greedy_output(llama_pair):
+def test_seed_on_a_cpu_with_a_draft_model_and_a_chain_runs_choose_and_keeps_greedy_output(llama_pair):
+    from seed_tot.engine.policies.choose import ChoosePolicy
     engine = Engine(*llama_pair)
+    assert engine.policy_name(None, "seed", (1, 1, 1)) == "choose"
+    policy = engine.policy("seed", (1, 1, 1), GREEDY)
+    assert isinstance(policy, ChoosePolicy) and policy.uses_draft_model  # the draft model's chains are one of its sources
+    result = engine.generate([PROMPT], GREEDY, mode="seed")[0]
+    assert result.token_ids == reference_greedy(llama_pair[0], PROMPT, 12)
+
+
+def test_seed_on_a_cpu_with_models_that_cannot_score_trees_runs_auto_and_keeps_greedy_output():
+    """choose may graft two branches (a tree), which an ALiBi model cannot score: the default there is
+    auto, which drafts chains, rather than a refusal of the call that named no policy."""
+    from test_up_front_checks import VOCAB as ALIBI_VOCAB, alibi_model
+    target = alibi_model("bloom")
+    engine = Engine(target, noisy_copy(target, 0.003), vocab_size=ALIBI_VOCAB)
     assert engine.policy_name(None, "seed", (1, 1, 1)) == "auto"
     assert isinstance(engine.policy("seed", (1, 1, 1), GREEDY), AutoPolicy)
     result = engine.generate([PROMPT], GREEDY, mode="seed")[0]
-    assert result.token_ids == reference_greedy(llama_pair[0], PROMPT, 12)
+    assert result.token_ids == reference_greedy(target, PROMPT, 12)
+    assert default_policy_name("seed", (1, 1, 1), "cpu", trees=False) == "auto"
 
 
 @pytest.mark.parametrize("mode, k_config", [("sd", (1, 1, 1)), ("mcsd", (2, 2, 1)), ("seed", (2, 2, 1))])
@@ -32,13 +47,13 @@ def test_the_baselines_and_a_tree_shape_asked_for_keep_the_fixed_policy(llama_pa
     assert isinstance(engine.policy(mode, k_config, GREEDY), FixedPolicy)
 
 
-def test_seed_on_a_gpu_keeps_fixed_chains_until_a_gpu_session_measures_auto_there():
-    assert default_policy_name("seed", (1, 1, 1), "cpu") == "auto"
+def test_seed_on_a_gpu_keeps_fixed_chains_until_a_gpu_run_measures_choose_there():
+    assert default_policy_name("seed", (1, 1, 1), "cpu") == "choose"
     assert default_policy_name("seed", (1, 1, 1), "cuda") == "fixed"
     assert default_policy_name("seed", (2, 1), "cpu") == default_policy_name("sd", (1, 1), "cpu") == "fixed"
 
 
-def test_a_named_policy_and_a_drafters_own_default_come_before_auto(llama_pair):
+def test_a_named_policy_and_a_drafters_own_default_come_before_the_devices(llama_pair):
     engine = Engine(*llama_pair)
     assert engine.policy_name("fixed", "seed", (1, 1, 1)) == "fixed"
     target = llama_pair[0]

@@ -142,7 +142,7 @@ def problems(tmp_path_factory):
 
 def settings_for(task, temperature: float):
     # the policy named: the actors run in other processes, where conftest's fixed chains do not reach,
-    # and seed's CPU default (auto) decides from timing whether to draft, which changes sampled records
+    # and seed's CPU default (choose) decides from timing whether to draft, which changes sampled records
     return apply_overrides(load_settings(None, base=task.config), temperature=temperature, mode="seed",
                            draft_policy="fixed")
 

@@ -11,10 +11,17 @@ from .params import SamplingParams
 
 def policy_name(engine, draft_policy: str | None, mode: str, k_config: tuple[int, ...]) -> str:
     """The policy a drafting call runs: the one it names, else the engine's or its drafter's, else
-    policies.default_policy_name's for the mode, k_config and target device (seed on a CPU: auto)."""
+    policies.default_policy_name's for the mode, k_config, target device and whether the models can score
+    trees (seed on a CPU: choose; auto for an ALiBi model)."""
     from .policies import default_policy_name
     default = draft_policy or engine.default_policy or getattr(engine.draft, "default_policy", None)
-    return default or default_policy_name(mode, k_config, engine.target.device.type)
+    return default or default_policy_name(mode, k_config, engine.target.device.type, scores_trees(engine))
+
+
+def scores_trees(engine) -> bool:
+    """Whether the target and the draft model (if any) take tree masks (ALiBi models do not: masks.py)."""
+    runtimes = [engine.target_runtime] + ([engine.draft_runtime] if engine.draft is not None else [])
+    return not any(runtime.layout.alibi for runtime in runtimes)
 
 
 class EnginePolicies:

@@ -17,6 +17,8 @@ from .params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+CALIBRATED = ("auto", "choose")  # the policies that always price their rounds with cost_model's calibration
+
 
 def _cache_stamp() -> int | None:
     """When the calibration cache was last written (None: never): a calibration rewrites it."""
@@ -40,7 +42,7 @@ def _cached(engine) -> bool:
 
 def prepare_policy(engine, spec: DecodeSpec, params: SamplingParams) -> None:
     """Build the policy of the calls `spec` and `params` describe (nothing for ar and parallel),
-    calibrating now where it needs to: one log line before auto's first calibration, one after any."""
+    calibrating now where it needs to: one log line before a calibrated policy's first calibration, one after any."""
     from .cost_model import cache_path
     from .policies.base import FLAGS
 
@@ -48,10 +50,10 @@ def prepare_policy(engine, spec: DecodeSpec, params: SamplingParams) -> None:
         return
     name = engine.policy_name(spec.draft_policy, spec.mode, spec.k_config)
     recalibrate = FLAGS.get(str(spec.options.get("recalibrate", "false")).lower(), False)
-    if name == "auto" and (recalibrate or not _cached(engine)):
-        log.info("calibrating: the auto policy times this machine's target and draft forwards, before the first "
+    if name in CALIBRATED and (recalibrate or not _cached(engine)):
+        log.info("calibrating: the %s policy times this machine's target and draft forwards, before the first "
                  "problem (seconds for small models, a minute or more for 1B models on a CPU; cached in %s for "
-                 "later runs)", cache_path())
+                 "later runs)", name, cache_path())
     stamp, start = _cache_stamp(), time.perf_counter()
     engine.policy(spec.mode, spec.k_config, params, spec.draft_policy, spec.options)
     if _cache_stamp() != stamp:

@@ -56,19 +56,24 @@ __all__ = ["POLICIES", "DraftPolicy", "DraftRound", "Feed", "FixedPolicy", "Tree
            "default_policy_name", "make_policy", "may_draft_trees", "parse_policy_options"]
 
 # seed's policy where no call, engine or drafter names one, by the target's device type (any other: fixed).
-# On a CPU, seed's fixed chains lose to parallel at a ToT step's load, where auto declines the draft its
-# load cannot repay. On a GPU auto's per-round plan is host work (it grows with rows) whose worth no
-# device has measured yet, so CUDA keeps fixed chains until a run on a GPU compares the two
-# (docs/benchmarks.md, "seed drafts only where it pays, 2026-11-27 (e6feac8)").
-SEED_DEFAULTS = {"cpu": "auto"}
+# On a CPU, seed's fixed chains lose to parallel at a ToT step's load; choose drafts each row's round from
+# the draft model, the search's own text, both or neither, whichever its load repays, and declines a draft
+# that does not pay as auto does (docs/benchmarks.md, "seed drafts only where it pays, 2026-11-27
+# (e6feac8)", and "The Qwen pair's default becomes choose, 2026-11-29"). A model pair that cannot score
+# trees (ALiBi) gets auto, which drafts chains only. On a GPU the per-round plan is host work (it grows
+# with rows) whose worth no device has measured yet, so CUDA keeps fixed chains until a run on a GPU
+# compares them.
+SEED_DEFAULTS = {"cpu": "choose"}
+CHAIN_DEFAULTS = {"choose": "auto"}  # the default where the models cannot score trees: the same pricing, chains only
 
 
-def default_policy_name(mode: str, k_config: tuple[int, ...], device_type: str) -> str:
+def default_policy_name(mode: str, k_config: tuple[int, ...], device_type: str, trees: bool = True) -> str:
     """The policy a drafting call runs when neither it, its engine nor its drafter names one: seed's
-    default on this device for a chain k_config, else fixed (sd and mcsd are the papers' baselines,
-    and a tree k_config is a shape asked for)."""
+    default on this device for a chain k_config (trees: whether the models can score tree masks), else
+    fixed (sd and mcsd are the papers' baselines, and a tree k_config is a shape asked for)."""
     if mode == "seed" and all(k == 1 for k in k_config):
-        return SEED_DEFAULTS.get(device_type, "fixed")
+        name = SEED_DEFAULTS.get(device_type, "fixed")
+        return name if trees else CHAIN_DEFAULTS.get(name, name)
     return "fixed"
 
 
