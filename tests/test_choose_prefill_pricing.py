@@ -1,7 +1,8 @@
 """`choose` prices the draft model's prefill per call, as `auto` does: a call whose prompts cost the
 draft more to score than the model's chains could save drafts from the suffix source alone (no draft
 cache, no draft prefill, no draft forward), and its output is still the target's: greedy tokens
-equal the target alone's, sampled ones follow its distribution and, keyed, equal `ar`'s."""
+equal the target alone's, sampled ones follow its distribution and, keyed, equal `ar`'s. Where the
+suffix source already offers chains in a phase, the model is priced at what it adds beside them."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from seed_tot import Engine, SamplingParams
 from seed_tot.engine import summarize
 from seed_tot.engine.cost_model import Costs
 from seed_tot.engine.policies import check_policy_options
-from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
+from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly, _Coverage, _Estimate, option_saving
 from seed_tot.engine.policies.suffix import SuffixSource
 
 # a GPU-like target (flat to 16 query tokens) and a draft whose prompt tokens cost about 10 ms each
@@ -93,3 +94,46 @@ def test_a_declined_keyed_sample_is_the_one_ar_writes(pair):
 def test_an_unknown_prefill_setting_is_refused_before_any_model_loads():
     with pytest.raises(ValueError, match="prefill='sometimes' must be one of priced, free"):
         check_policy_options("choose", {"prefill": "sometimes"})
+
+
+def _covered(policy: ChoosePolicy, phase: str, share_rounds: int, length: int, acceptance: float) -> None:
+    """The phase's pooled rows saw a suffix chain of `length` in every round of `share_rounds`, and the
+    target took `acceptance` of its tokens."""
+    for _ in range(share_rounds):
+        policy._coverage.setdefault(phase, _Coverage()).add(length, 0.99)
+        policy._phases.setdefault((phase, "suffix"), _Estimate()).add(round(acceptance * length), length, 0.9)
+
+
+def test_a_sure_suffix_chain_leaves_the_model_little_to_add():
+    alone = option_saving(0.5, 0.9, 6, PRICED, 0, 2, graft=True)  # the suffix chain alone, no draft step
+    both = option_saving(0.5, 0.9, 6, PRICED, 3, 2, graft=True)
+    assert alone > 0 and both - alone < 0.1 * alone
+    assert option_saving(0.5, 0.0, 0, PRICED, 3, 2, graft=True) > 0 == option_saving(0.5, 0.0, 0, PRICED, 0, 2,
+                                                                                      graft=True)
+
+
+def test_where_the_suffix_source_covers_a_phase_the_model_is_priced_at_what_it_adds_beside_it():
+    policy, greedy = _policy(PRICED), SamplingParams(max_new_tokens=64, temperature=0, phase="thought")
+    sampled = dataclasses.replace(greedy, temperature=1.0, seed=3)
+    assert policy.drafts_call(30, 2, greedy) and policy.drafts_call(30, 2, sampled)
+    _covered(policy, "thought", 100, 6, 0.9)
+    assert not policy.drafts_call(30, 2, greedy)  # the suffix chains draft for free what the model would
+    assert policy.drafts_call(30, 2, dataclasses.replace(greedy, phase="value"))  # another phase: not covered
+    # a sampled row must not read other rows: its call is priced as before, whatever the phase's text gave
+    assert policy.drafts_call(30, 2, sampled)
+
+
+def test_calls_declined_once_the_suffix_source_covers_them_equal_the_target_alone(pair):
+    """Repeated calls of one phase: the first ones score their prompts through the draft; once the
+    suffix source offers chains in most rounds the later ones do not, and every call's tokens are the
+    target's."""
+    target, draft = pair
+    engine, policy = Engine(target, draft), _policy(PRICED)
+    prompts, params = [[5, 9, 2] * 5, [4, 4, 8, 1] * 5], SamplingParams(max_new_tokens=60, temperature=0,
+                                                                        phase="thought", search_key="s")
+    prefills = []
+    for _ in range(7):
+        results = engine.generate(prompts, params, mode="seed", draft_policy=policy)
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 60) for p in prompts]
+        prefills.append(sum(r.stats.draft_prefills for r in results))
+    assert prefills[0] > 0 and prefills[-1] == 0

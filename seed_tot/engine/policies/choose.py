@@ -22,7 +22,10 @@ pays changes from row to row and phase to phase, so each is priced every round:
 The draft model's prefill is priced per call, as `auto` prices it (option prefill=priced, the
 default): before a call drafts, what the model's chains could save over the call's expected output
 at its phase's model acceptance (call_pricing.py) is weighed against scoring its prompts through the
-draft. A call that declines runs the suffix source alone (`declined`): no draft cache, no draft
+draft. For rows that may read other rows, the share of their phase's rounds in which the suffix
+source offered a chain counts only what the model adds beside that chain, which drafts for free:
+where the search's own text already drafts most of what the model would, its prefill buys little.
+A call that declines runs the suffix source alone (`declined`): no draft cache, no draft
 prefill, no draft forward, the option priced per round as above with the model left out; now and
 then a declined call uses the model anyway as a probe, where a perfect draft could repay the prefill.
 Where the model's chains hardly add to the suffix source's, the prefill is what they cost most.
@@ -71,6 +74,7 @@ from .parallelspec import ParallelSpecPolicy
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
+COVERAGE_DECAY = 0.99  # per round of a phase's pooled rows: about its last hundred
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,24 @@ def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, 
     in one forward (a ParallelSpec drafter) or not at all. drafting: the rows that share the model's
     draft steps (default: every row of the round); pending: the row's tokens the draft model has not
     seen yet (every token since it last drafted), fed at its first draft step."""
+    return _best(a_model, a_suffix, suffix_len, costs, max_len, rows, graft, one_pass, drafting, pending)[:2]
+
+
+def option_saving(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
+                  graft: bool, one_pass: bool = False) -> float:
+    """Seconds per new token a row saves against plain steps by taking best_option's choice every
+    round (max_len 0: the suffix chain alone): its gain is accepted tokens less the added seconds'
+    worth at the plain rate, so gain / rate seconds a round, over the 1 + accepted tokens it writes."""
+    k, l, gain = _best(a_model, a_suffix, suffix_len, costs, max_len, rows, graft, one_pass)
+    if not gain:
+        return 0.0
+    rate = max(1, rows) / costs.target(max(1, rows))
+    return gain / (rate * (1.0 + expected_accepted(a_model, k, a_suffix, l)))
+
+
+def _best(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int, graft: bool,
+          one_pass: bool = False, drafting: int | None = None, pending: int = 1) -> tuple[int, int, float]:
+    """best_option's (model length, suffix length) and its gain (0.0 for a plain step)."""
     rows = max(1, rows)
     drafting = rows if drafting is None else max(1, drafting)
     base = costs.target(rows)
@@ -101,7 +123,7 @@ def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, 
     # the first step also catches the draft up on the row's unseen tokens (as auto's batch_time prices it)
     first = costs.draft(drafting * max(1, pending)) / drafting
     best, best_gain = (0, 0), 0.0
-    for k in ((0, max_len) if one_pass else range(max_len + 1)):
+    for k in ((0, max_len) if one_pass and max_len else range(max_len + 1)):
         for l in range(suffix_len + 1):  # any prefix of the suffix chain: a long match may pay only in part
             if (k == 0 and l == 0) or (k and l and not graft):
                 continue
@@ -110,7 +132,7 @@ def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, 
             gain = expected_accepted(a_model, k, a_suffix, l) - rate * added
             if gain > best_gain:
                 best, best_gain = (k, l), gain
-    return best
+    return best[0], best[1], best_gain
 
 
 class _Estimate:
@@ -127,6 +149,28 @@ class _Estimate:
 
     def value(self, start: float, weight: float) -> float:
         return (self.hits + start * weight) / (self.trials + weight)
+
+
+class _Coverage:
+    """Decayed rounds of one phase's pooled rows: how many, how many the suffix source offered a chain
+    for, and those chains' nodes (what the call pricing subtracts the suffix source's share by)."""
+
+    __slots__ = ("rounds", "offered", "nodes")
+
+    def __init__(self):
+        self.rounds = self.offered = self.nodes = 0.0
+
+    def add(self, length: int, decay: float) -> None:
+        self.rounds = decay * self.rounds + 1
+        self.offered = decay * self.offered + (length > 0)
+        self.nodes = decay * self.nodes + length
+
+    def share(self) -> float:
+        return self.offered / self.rounds if self.rounds else 0.0
+
+    def length(self) -> int:
+        """The offered chains' mean length, rounded (at least 1)."""
+        return max(1, round(self.nodes / self.offered)) if self.offered else 0
 
 
 class _Row:
@@ -170,6 +214,7 @@ class ChoosePolicy(DraftPolicy):
         self.drafts_trees = graft or self.source.width > 1 or (model is not None and model.drafts_trees)
         self._rows: dict[int, _Row] = {}
         self._phases: dict[tuple[str, str], _Estimate] = {}  # (phase, source) -> every pooled row's judged drafts
+        self._coverage: dict[str, _Coverage] = {}  # phase -> its pooled rows' rounds the suffix source offered for
         self._load: dict[int, int] = {}  # id(seq) -> the rows of its batched round (its plan)
         self._plans: dict[int, tuple[int, int, int, list]] = {}  # id(seq) -> its round's joint plan (plan_batch)
         self._suffix_only = SuffixOnly(self)  # what a call that declines the model's prefill runs
@@ -247,10 +292,11 @@ class ChoosePolicy(DraftPolicy):
         return self._row(seq).est[source].value(start, self.prior_weight)
 
     def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
-        """Whether a call uses the draft model: what its chains alone could save over the call's expected
-        output, at the phase's model acceptance and `load` rows per forward, repays the draft's prefill
-        (the suffix source's share is not subtracted, so a call keeps the model wherever it would pay
-        alone). A declined call runs `declined()`: the suffix source alone."""
+        """Whether a call uses the draft model: what its chains could save over the call's expected
+        output, at the phase's model acceptance and `load` rows per forward, repays the draft's prefill.
+        For a row that may read other rows, rounds where the suffix source offers a chain (its phase's
+        share of them) count only what the model adds beside that chain (`_model_saving`). A declined
+        call runs `declined()`: the suffix source alone."""
         if not self.prices_prefill or rows < 1:
             return True
         pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior and its budget
@@ -259,8 +305,7 @@ class ChoosePolicy(DraftPolicy):
             alpha = self._phases[params.phase, "model"].value(self.prior, self.prior_weight)
         cost = self.costs.draft(prefill_tokens)
         verdict, saving, tokens = self.calls.price(
-            params, rows, load, pooled, alpha, cost,
-            lambda a, shared: decode_saving(a, self._costs(params, shared), self.max_len, shared))
+            params, rows, load, pooled, alpha, cost, lambda a, shared: self._model_saving(params, a, shared))
         if verdict == "probe":
             log.info("choose: a call of %d rows uses the draft model as a probe (model acceptance %.2f)", rows, alpha)
         if verdict != "decline":
@@ -269,6 +314,25 @@ class ChoosePolicy(DraftPolicy):
                  "%.3f s over %.0f new tokens (model acceptance %.2f) against %.3f s of draft prefill (%d prompt "
                  "tokens)", rows, saving, tokens, alpha, cost, prefill_tokens)
         return False
+
+    def _model_saving(self, params: SamplingParams, alpha: float, shared: int) -> float:
+        """Seconds per new token the draft model's chains save at acceptance alpha, `shared` rows a
+        forward: in rounds without a suffix chain what they save over plain steps (auto's pricing,
+        decode_saving); in the share of rounds where the phase's suffix source offered one (a row that
+        may read other rows: its phase's coverage so far), only what they save beyond that chain alone
+        at the suffix source's acceptance, since the suffix chain drafts for free."""
+        costs = self._costs(params, shared)
+        alone = decode_saving(alpha, costs, self.max_len, shared)
+        cover = self._coverage.get(params.phase) if self._pooled(params) else None
+        if cover is None or not cover.offered:
+            return alone
+        a_suffix = self.prior
+        if (params.phase, "suffix") in self._phases:
+            a_suffix = self._phases[params.phase, "suffix"].value(self.prior, self.prior_weight)
+        length, one_pass = cover.length(), self.model is not None
+        beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass)
+                  - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
+        return (1.0 - cover.share()) * alone + cover.share() * max(0.0, beside)
 
     def declined(self) -> "SuffixOnly":
         return self._suffix_only
@@ -330,6 +394,8 @@ class ChoosePolicy(DraftPolicy):
             k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
                                model and self.model is not None, pending=_unseen(seq))
+        if self._pooled(params):  # how often, and how long, the suffix source offers a chain (_model_saving)
+            self._coverage.setdefault(params.phase, _Coverage()).add(len(chain), COVERAGE_DECAY)
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
