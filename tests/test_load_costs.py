@@ -2,8 +2,11 @@
 the verification forwards the scheduler reports, starting from the calibration. The fit follows
 what it is shown and never makes more tokens cheaper; the choice it feeds declines a draft the
 measured load makes dear, only for rows whose drafts cannot change their tokens; every forward is
-reported once per policy; and greedy output stays the target's."""
+reported once per policy; draft steps on the CPU are priced at their measured ratio to the
+calibration; and greedy output stays the target's."""
 from __future__ import annotations
+
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 from conftest import reference_greedy, tiny_model
@@ -154,3 +157,45 @@ def test_a_parallelspec_joint_cut_is_priced_at_the_measured_load_and_choose_shar
     assert choose.model.load_costs is choose.load_costs  # one fit, fed once per forward through choose
     with pytest.raises(ValueError, match="option costs='timed' must be one of measured, calibrated"):
         check_policy_options("parallelspec", {"costs": "timed"})
+
+
+def test_draft_steps_are_priced_at_their_measured_ratio_to_the_calibration():
+    costs = LoadCosts(CHEAP_TOKENS)
+    assert costs.draft_scale() == 1.0
+    for i in range(200):
+        entries = 1 + i % 12
+        costs.observe_draft(entries, 2 * CHEAP_TOKENS.draft(entries))  # every step twice its calibrated price
+    view = costs.at(6)
+    assert view.draft(4) == pytest.approx(2 * CHEAP_TOKENS.draft(4), rel=0.1)  # held a little toward 1 by its prior
+    assert view.draft_step_s / CHEAP_TOKENS.draft_step_s == pytest.approx(view.draft(4) / CHEAP_TOKENS.draft(4))
+    costs.observe_draft(0, 5.0)  # nothing fed, or no time: not a forward
+    costs.observe_draft(3, 0.0)
+    assert costs.at(6).draft(4) == pytest.approx(view.draft(4))
+
+
+@pytest.mark.parametrize("batch", [1, None])
+def test_every_draft_forward_on_the_cpu_is_reported_once_and_greedy_output_is_the_targets(batch):
+    from seed_tot.engine.policies.fixed import FixedPolicy
+
+    class Recording(FixedPolicy):
+        def __init__(self):
+            super().__init__((1, 1))
+            self.steps = []
+
+        def observe_draft_forward(self, tokens, seconds):
+            self.steps.append((tokens, seconds))
+
+    target = tiny_model("llama", seed=21)
+    policy = Recording()
+    params = SamplingParams(max_new_tokens=16, temperature=0)
+    results = Engine(target, tiny_model("llama", seed=5)).generate(PROMPTS, params, mode="seed", draft_batch=batch,
+                                                                   verify_batch=batch, draft_policy=policy)
+    assert [r.token_ids for r in results] == [reference_greedy(target, p, 16) for p in PROMPTS]
+    assert len(policy.steps) == round(sum(r.stats.draft_forwards for r in results)) > 0
+    assert all(tokens >= 1 and seconds > 0 for tokens, seconds in policy.steps)
+    if batch is None:
+        assert max(tokens for tokens, _ in policy.steps) > 1  # a batched step reports every row's entries
+    choose = ChoosePolicy(CHEAP_TOKENS, SuffixSource(depth=4), max_len=3, prefill="free")
+    Engine(target, tiny_model("llama", seed=5)).generate(PROMPTS, dataclasses_replace(params, phase="thought"),
+                                                         mode="seed", draft_policy=choose)
+    assert choose.load_costs._draft_priced > 0  # choose's fit was told of its draft forwards

@@ -17,7 +17,15 @@ squares fit of
 held by a ridge toward the calibrated curve's line (which says: query tokens alone, c = 0), so that
 before any forward the fit is the calibration, and along a direction the run has not explored (rows
 that never drafted leave b and c apart unseen) it stays near it. `at(rows)` is a `Costs`-like view for a
-round of `rows` rows: its target(n) reads the fit at those rows; its draft costs are the calibration's.
+round of `rows` rows: its target(n) reads the fit at those rows.
+
+The draft model's steps are measured too, where it runs on the CPU (`DraftPolicy.observe_draft_forward`:
+the entries a draft forward fed, and its seconds with the round's picks): beside a target on the same
+cores and through a batch's gathered histories, a draft step costs more than the calibration's lone
+step (docs/benchmarks.md, "Draft steps priced as measured"), enough to flip a round's choice, which
+for a dear draft sits near its margin. `at(rows)`'s
+draft(n) is the calibration's scaled by the decayed ratio of measured seconds to what the
+calibration priced those forwards at, held toward 1 by DRAFT_PRIOR_STEPS one-token steps.
 
 The seconds are wall-clock, so only a row whose drafts cannot change its tokens (greedy, or
 drafter-invariant sampling: base.reads_others) may be priced with them; any other sampled row keeps
@@ -33,6 +41,7 @@ COST_PRICING = ("measured", "calibrated")
 # where the calibrated curve's line is read (rows, query tokens), and the scale of a round's tokens and rows
 PRIOR_POINTS = ((1, 1), (1, 8), (4, 4), (4, 16), (16, 16), (16, 48))
 TYPICAL_TOKENS = 8.0
+DRAFT_PRIOR_STEPS = 4.0  # the draft cost ratio's prior (1.0), worth this many one-token calibrated steps
 
 
 
@@ -54,6 +63,9 @@ class LoadCosts:
         self._penalty = prior_weight * np.diag([1.0, TYPICAL_TOKENS ** 2, TYPICAL_TOKENS ** 2])
         self._xtx, self._xty = np.zeros((3, 3)), np.zeros(3)
         self._coef = self._prior.copy()
+        # draft forwards: decayed measured seconds, and what the calibration priced the same forwards at
+        self._draft_seen = self._draft_priced = 0.0
+        self._draft_prior = DRAFT_PRIOR_STEPS * calibrated.draft(1)
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         """One verification forward of `rows` rows and `tokens` query tokens took `seconds`."""
@@ -69,6 +81,17 @@ class LoadCosts:
         coef[1], coef[2] = max(coef[1], 0.0), max(coef[2], 0.0)
         self._coef = coef
 
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        """One draft forward that fed `tokens` entries (rows x their fed tokens) took `seconds`."""
+        if tokens < 1 or not seconds > 0:
+            return
+        self._draft_seen = self.decay * self._draft_seen + seconds
+        self._draft_priced = self.decay * self._draft_priced + self.calibrated.draft(tokens)
+
+    def draft_scale(self) -> float:
+        """Measured draft seconds over the calibration's price of the same forwards (1.0 before any)."""
+        return (self._draft_seen + self._draft_prior) / (self._draft_priced + self._draft_prior)
+
     def target(self, rows: int, tokens: int) -> float:
         """Seconds of one verification forward of `rows` rows carrying `tokens` query tokens."""
         a, b, c = self._coef
@@ -79,11 +102,17 @@ class LoadCosts:
 
 
 class AtLoad(RoundCosts):
-    """The costs a round of `rows` rows is planned with: target(n) from the fit at those rows."""
+    """The costs a round of `rows` rows is planned with: target(n) from the fit at those rows, draft(n)
+    the calibration's at the measured draft ratio."""
 
     def __init__(self, costs: LoadCosts, rows: int):
         super().__init__(costs.calibrated, rows)
         self.load = costs
+        self._draft_scale = costs.draft_scale()
+        self.draft_step_s = self.calibrated.draft_step_s * self._draft_scale
 
     def target(self, tokens: int) -> float:
         return self.load.target(self.rows, tokens)
+
+    def draft(self, tokens: int) -> float:
+        return self.calibrated.draft(tokens) * self._draft_scale

@@ -75,10 +75,14 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
     start = time.perf_counter()
     rounds = [policy.begin(seq, params or seq.rule.params, vocab_size) for seq, policy in rows]
     feeds = [r.first_feed() for r in rounds]
+    # on the CPU a step's seconds are its cost (on a GPU they would time the launch alone): (entries, s)
+    timed = runtime is not None and runtime.placement[0].type == "cpu"
+    steps: list[tuple[int, float]] = []
     while True:
         active = [i for i, feed in enumerate(feeds) if feed is not None]
         if not active:
             break
+        step_start, entries = time.perf_counter(), sum(len(feeds[i].tokens) for i in active)
         # a row alone reads only the logits it needs; a batch returns every entry's
         keep = feeds[active[0]].keep if len(active) == 1 else 0
         logits = forward_rows(runtime, [seqs[i].draft for i in active], [feeds[i].tokens for i in active],
@@ -98,7 +102,12 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
             stepped = cls.step_rows([rounds[i] for i, _, _ in group], [x for _, x, _ in group], [h for _, _, h in group])
             for (i, _, _), feed in zip(group, stepped):
                 feeds[i] = feed
+        if timed:
+            steps.append((entries, time.perf_counter() - step_start))
     busy = time.perf_counter() - start
+    for owner in {id(policy.owner): policy.owner for policy, _ in by_policy.values()}.values():
+        for entries, seconds in steps:
+            owner.observe_draft_forward(entries, seconds)
     out = []
     for seq, rnd in zip(seqs, rounds):
         tree, node_entry = rnd.finish()

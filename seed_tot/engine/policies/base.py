@@ -215,6 +215,11 @@ class DraftPolicy:
         query tokens and seconds from launch to the decisions read back (what a round costs at the
         run's load: load_costs.py). Default: nothing to learn."""
 
+    def observe_draft_forward(self, tokens: int, seconds: float) -> None:
+        """Called once per draft forward on the CPU that fed rows of this policy's calls: the entries it
+        fed (every row's) and its seconds, the round's picks from its logits included (what a draft
+        step costs at the run's load: load_costs.py). Default: nothing to learn."""
+
     def observe(self, seq, tree: DraftTree, acceptance) -> None:
         """Called after each verification with what the target accepted (default: nothing to learn)."""
         records = self.records

@@ -424,6 +424,10 @@ class ChoosePolicy(DraftPolicy):
         if self.load_costs is not None:
             self.load_costs.observe(rows, tokens, seconds)
 
+    def observe_draft_forward(self, tokens: int, seconds: float) -> None:
+        if self.load_costs is not None:
+            self.load_costs.observe_draft(tokens, seconds)
+
     def _probe(self, row: _Row, k: int, l: int, available: int, model: bool = True) -> tuple[int, int]:
         """Take a source not taken for `gap` rounds once, so its estimate can recover (the model only
         where the call runs it)."""

@@ -202,6 +202,10 @@ class ParallelSpecPolicy(DraftPolicy):
         if self.load_costs is not None:
             self.load_costs.observe(rows, tokens, seconds)
 
+    def observe_draft_forward(self, tokens: int, seconds: float) -> None:
+        if self.load_costs is not None:
+            self.load_costs.observe_draft(tokens, seconds)
+
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         builder = TreeBuilder(seq, params, vocab_size)
         rnd = ParallelSpecRound(builder, self.widths, self.mask_ids, self.costs, self._joint.pop(id(seq), None),
