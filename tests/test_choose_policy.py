@@ -12,7 +12,8 @@ from test_sampling_lossless import SAMPLES, assert_policy_samples_follow_the_tar
 from test_suffix_policy import PROMPTS, REPEATING, target  # noqa: F401 (a fixture)
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.cost_model import Costs
-from seed_tot.engine.policies.choose import ChoosePolicy, best_option, expected_accepted
+from seed_tot.engine.policies.choose import ChoosePolicy
+from seed_tot.engine.policies.choose_pricing import best_option, expected_accepted
 from seed_tot.engine.policies.suffix import SuffixSource
 
 

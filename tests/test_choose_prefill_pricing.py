@@ -16,7 +16,8 @@ from seed_tot import Engine, SamplingParams
 from seed_tot.engine import summarize
 from seed_tot.engine.cost_model import Costs
 from seed_tot.engine.policies import check_policy_options
-from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly, _Coverage, _Estimate, option_saving
+from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
+from seed_tot.engine.policies.choose_pricing import Coverage, Estimate, option_saving
 from seed_tot.engine.policies.suffix import SuffixSource
 
 # a GPU-like target (flat to 16 query tokens) and a draft whose prompt tokens cost about 10 ms each
@@ -100,8 +101,8 @@ def _covered(policy: ChoosePolicy, phase: str, share_rounds: int, length: int, a
     """The phase's pooled rows saw a suffix chain of `length` in every round of `share_rounds`, and the
     target took `acceptance` of its tokens."""
     for _ in range(share_rounds):
-        policy._coverage.setdefault(phase, _Coverage()).add(length, 0.99)
-        policy._phases.setdefault((phase, "suffix"), _Estimate()).add(round(acceptance * length), length, 0.9)
+        policy._coverage.setdefault(phase, Coverage()).add(length, 0.99)
+        policy._phases.setdefault((phase, "suffix"), Estimate()).add(round(acceptance * length), length, 0.9)
 
 
 def test_a_sure_suffix_chain_leaves_the_model_little_to_add():

@@ -17,7 +17,8 @@ from seed_tot.engine.cost_model import Costs
 from seed_tot.engine.load_costs import COST_PRICING, LoadCosts
 from seed_tot.engine.policies.base import choice_option
 from seed_tot.engine.policies import check_policy_options
-from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly, best_option
+from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
+from seed_tot.engine.policies.choose_pricing import best_option
 from seed_tot.engine.policies.suffix import SuffixSource
 
 CHEAP_TOKENS = Costs(0.06, 0.001, 0.001)  # the calibration: a drafted token costs 1/60 of a step

@@ -16,7 +16,8 @@ from seed_tot import Engine, SamplingParams
 from seed_tot.engine.cost_model import LOADED_EXTRA, LOADED_ROWS, TIMING, Costs, LoadedRound, cache_key, load_costs
 from seed_tot.engine.load_costs import AtLoad
 from seed_tot.engine.policies.base import SAMPLED_ROWS
-from seed_tot.engine.policies.choose import ChoosePolicy, best_option
+from seed_tot.engine.policies.choose import ChoosePolicy
+from seed_tot.engine.policies.choose_pricing import best_option
 from seed_tot.engine.policies.suffix import SuffixSource
 
 ONE_ROW = ((1, 0.05), (8, 0.056), (16, 0.064), (64, 0.2))  # a one-row forward: a token adds 1 ms

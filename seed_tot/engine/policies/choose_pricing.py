@@ -1,0 +1,116 @@
+"""How `choose` prices a round's options, and the running counts it prices them from.
+
+For a row whose draft model has per-token acceptance a_m and whose suffix source offers a chain at
+acceptance a_s, each option (model chain of K, suffix chain of L, both off one root, or none) is:
+
+    expected accepted   model chain of K: sum_i a_m^i; suffix chain of L: sum_i a_s^i; both (two
+                        branches off the root): sum_i 1 - (1 - a_m^i [i <= K]) (1 - a_s^i [i <= L])
+    step cost           K draft steps (each one forward of the draft model, shared by the rows that
+                        draft with it this round: plan_batch prices the jointly planned rows at that
+                        number, a row planned alone at its round's rows; the first step also feeds the
+                        row's tokens the draft has not seen, every one since it last drafted)
+                        + what verifying 1 + K + L tokens adds to the round's target forward
+    choice              the option with the most  expected accepted - R x added seconds,  R being
+                        the round's plain rate (rows / target(rows)): an option is taken only where
+                        its tokens come cheaper than a plain step's, as `auto` declines a draft
+                        that does not pay (none scores 0).
+"""
+from __future__ import annotations
+
+from ..cost_model import Costs
+
+COVERAGE_DECAY = 0.99  # per round of a phase's pooled rows: about its last hundred
+
+
+def expected_accepted(a_model: float, k: int, a_suffix: float, l: int) -> float:
+    """Expected accepted draft tokens of a model chain of k and a suffix chain of l off one root."""
+    total = 0.0
+    for i in range(1, max(k, l) + 1):
+        miss_m = 1.0 - (a_model ** i if i <= k else 0.0)
+        miss_s = 1.0 - (a_suffix ** i if i <= l else 0.0)
+        total += 1.0 - miss_m * miss_s
+    return total
+
+
+def best_option(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
+                graft: bool, one_pass: bool = False, drafting: int | None = None, pending: int = 1) -> tuple[int, int]:
+    """(model chain length, suffix chain length) with the most expected accepted tokens minus what
+    their added seconds would give at the round's plain rate; (0, 0): a plain step. The suffix chain
+    may be cut to any prefix of its suffix_len nodes. one_pass: the model drafts its max_len levels
+    in one forward (a ParallelSpec drafter) or not at all. drafting: the rows that share the model's
+    draft steps (default: every row of the round); pending: the row's tokens the draft model has not
+    seen yet (every token since it last drafted), fed at its first draft step."""
+    return _best(a_model, a_suffix, suffix_len, costs, max_len, rows, graft, one_pass, drafting, pending)[:2]
+
+
+def option_saving(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int,
+                  graft: bool, one_pass: bool = False) -> float:
+    """Seconds per new token a row saves against plain steps by taking best_option's choice every
+    round (max_len 0: the suffix chain alone): its gain is accepted tokens less the added seconds'
+    worth at the plain rate, so gain / rate seconds a round, over the 1 + accepted tokens it writes."""
+    k, l, gain = _best(a_model, a_suffix, suffix_len, costs, max_len, rows, graft, one_pass)
+    if not gain:
+        return 0.0
+    rate = max(1, rows) / costs.target(max(1, rows))
+    return gain / (rate * (1.0 + expected_accepted(a_model, k, a_suffix, l)))
+
+
+def _best(a_model: float, a_suffix: float, suffix_len: int, costs: Costs, max_len: int, rows: int, graft: bool,
+          one_pass: bool = False, drafting: int | None = None, pending: int = 1) -> tuple[int, int, float]:
+    """best_option's (model length, suffix length) and its gain (0.0 for a plain step)."""
+    rows = max(1, rows)
+    drafting = rows if drafting is None else max(1, drafting)
+    base = costs.target(rows)
+    rate = rows / base
+    per_step = costs.draft(drafting) / drafting  # one row's share of a draft step run for `drafting` rows
+    # the first step also catches the draft up on the row's unseen tokens (as auto's batch_time prices it)
+    first = costs.draft(drafting * max(1, pending)) / drafting
+    best, best_gain = (0, 0), 0.0
+    for k in ((0, max_len) if one_pass and max_len else range(max_len + 1)):
+        for l in range(suffix_len + 1):  # any prefix of the suffix chain: a long match may pay only in part
+            if (k == 0 and l == 0) or (k and l and not graft):
+                continue
+            drafted = 0.0 if k == 0 else first + (0 if one_pass else k - 1) * per_step
+            added = costs.target(rows + k + l) - base + drafted
+            gain = expected_accepted(a_model, k, a_suffix, l) - rate * added
+            if gain > best_gain:
+                best, best_gain = (k, l), gain
+    return best[0], best[1], best_gain
+
+
+class Estimate:
+    """Decayed judged tokens of one source: hits (accepted), trials (accepted + the first rejected)."""
+
+    __slots__ = ("hits", "trials")
+
+    def __init__(self):
+        self.hits = self.trials = 0.0
+
+    def add(self, accepted: int, offered: int, decay: float) -> None:
+        self.hits = decay * self.hits + accepted
+        self.trials = decay * self.trials + accepted + (accepted < offered)
+
+    def value(self, start: float, weight: float) -> float:
+        return (self.hits + start * weight) / (self.trials + weight)
+
+
+class Coverage:
+    """Decayed rounds of one phase's pooled rows: how many, how many the suffix source offered a chain
+    for, and those chains' nodes (what the call pricing subtracts the suffix source's share by)."""
+
+    __slots__ = ("rounds", "offered", "nodes")
+
+    def __init__(self):
+        self.rounds = self.offered = self.nodes = 0.0
+
+    def add(self, length: int, decay: float) -> None:
+        self.rounds = decay * self.rounds + 1
+        self.offered = decay * self.offered + (length > 0)
+        self.nodes = decay * self.nodes + length
+
+    def share(self) -> float:
+        return self.offered / self.rounds if self.rounds else 0.0
+
+    def length(self) -> int:
+        """The offered chains' mean length, rounded (at least 1)."""
+        return max(1, round(self.nodes / self.offered)) if self.offered else 0
