@@ -12,7 +12,7 @@ from test_sampling_lossless import SAMPLES, assert_policy_samples_follow_the_tar
 from test_suffix_policy import PROMPTS, REPEATING, target  # noqa: F401 (a fixture)
 from seed_tot import Engine, SamplingParams
 from seed_tot.engine.cost_model import Costs
-from seed_tot.engine.policies.choose import ChoosePolicy
+from seed_tot.engine.policies.choose import MISSED, ChoosePolicy
 from seed_tot.engine.policies.choose_pricing import best_option, expected_accepted
 from seed_tot.engine.policies.suffix import SuffixSource
 
@@ -20,6 +20,7 @@ from seed_tot.engine.policies.suffix import SuffixSource
 FLAT = Costs(0.1, 0.0, 0.0)  # a verified token and a draft step cost nothing more: every source pays, both at once most
 DEAR = Costs(0.01, 0.05, 0.05)  # a drafted token costs most of a step: hardly any draft pays
 MILD = Costs(0.05, 0.01, 0.01)  # a drafted token costs a sixth of a step: a draft pays if surer than that
+CHEAP = Costs(0.05, 0.002, 0.002)  # a drafted token costs a 12th of a step: a model level pays if it adds 0.08
 
 
 def test_the_choice_takes_what_pays_and_declines_what_does_not():
@@ -40,6 +41,44 @@ def test_the_choice_takes_what_pays_and_declines_what_does_not():
     assert expected_accepted(0.5, 2, 0.5, 2) > expected_accepted(0.5, 2, 0.0, 0) == pytest.approx(0.75)
 
 
+def test_a_graft_counts_the_model_only_where_the_suffix_chain_is_wrong():
+    """Two branches off one root: where the suffix chain is right the walk takes it, so the model adds
+    what it gets right where the suffix chain fails. Independent sources (missed = a_m) give the old
+    sum; a model right only where the suffix chain is adds nothing, and a sure suffix match then
+    drafts alone where an independent model would have been grafted beside it."""
+    assert expected_accepted(0.5, 3, 0.6, 2, missed=0.5) == pytest.approx(expected_accepted(0.5, 3, 0.6, 2))
+    assert expected_accepted(0.6, 3, 0.8, 3, missed=0.0) == pytest.approx(expected_accepted(0.0, 0, 0.8, 3))
+    # past the suffix chain's end only the model's branch reaches: its acceptance overall counts there
+    assert expected_accepted(0.6, 3, 0.8, 1, missed=0.0) == pytest.approx(0.8 + 0.6 ** 2 + 0.6 ** 3)
+    k, l = best_option(0.7, 0.7, 3, CHEAP, 3, 1, graft=True)
+    assert k > 0 and l > 0
+    assert best_option(0.7, 0.7, 3, CHEAP, 3, 1, graft=True, missed=0.05) == (0, 3)
+
+
+def test_the_model_is_judged_again_in_rounds_whose_suffix_chain_missed():
+    """A model that agrees with the suffix chain, right when it is and wrong when it is not: its
+    acceptance overall stays near a half, its acceptance where the suffix chain missed falls toward
+    0, and choose then drafts a suffix chain of four alone instead of grafting the model beside it."""
+    from types import SimpleNamespace
+
+    policy = ChoosePolicy(MILD, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
+    policy.source = SimpleNamespace(observe=lambda seq: None)
+    seq = SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=64, temperature=0, phase="thought")),
+                          index=0, done=False)
+    tree = type("Tree", (), {"depth": lambda self: 2, "tokens": [5, 6, 5, 6], "expected_tokens": lambda self: 0.0,
+                             "__len__": lambda self: 4})()
+    for n in range(40):
+        row = policy._row(seq)
+        row.taken, row.suffix_tokens, row.chain_first, row.round = (2, 2), [5, 6], 5, None
+        right = n % 2 == 0  # the suffix chain [5, 6] and the model's [5, 6] are right together, or both wrong
+        policy.observe(seq, tree, SimpleNamespace(tokens=[5, 6, 9] if right else [3], path=[0, 1] if right else []))
+    a_model, a_suffix, missed = (policy.alpha(seq, s) for s in ("model", "suffix", MISSED))
+    assert 0.3 < a_model < 0.8 and missed < 0.1
+    k, l = best_option(a_model, a_suffix, 4, CHEAP, 3, 1, graft=True)  # as if independent: grafted
+    assert k > 0 and l > 0
+    assert best_option(a_model, a_suffix, 4, CHEAP, 3, 1, graft=True, missed=missed) == (0, 4)
+
+
 @pytest.mark.parametrize("costs", [FLAT, DEAR], ids=["flat", "dear"])
 @pytest.mark.parametrize("mode,batch", [("sd", 1), ("mcsd", 1), ("seed", 1), ("seed", None)])
 def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs):
@@ -54,6 +93,7 @@ def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs
     if costs is FLAT:  # every round drafts, the two sources grafted (more nodes than either's chain)
         assert min(drafted) > 0 and max(drafted) > 4
         assert policy._phases[("thought", "model")].trials > 0 and policy._phases[("thought", "suffix")].trials > 0
+        assert policy._phases[("thought", MISSED)].trials > 0  # the model judged where the suffix chain missed
     else:  # most rounds decline
         assert sum(d == 0 for d in drafted) > len(drafted) // 2
 

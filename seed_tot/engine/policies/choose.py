@@ -64,17 +64,21 @@ from .parallelspec import ParallelSpecPolicy
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
+# the model judged in rounds where a suffix chain was there and its first token was wrong: what the
+# model adds beside the suffix source (choose_pricing.expected_accepted)
+MISSED = "model|suffix missed"
 
 log = logging.getLogger(__name__)
 
 
 class _Row:
     def __init__(self, probe_every: int):
-        self.est = {s: Estimate() for s in SOURCES}
+        self.est = {s: Estimate() for s in (*SOURCES, MISSED)}
         self.idle = {s: 0 for s in SOURCES}  # rounds since the source was last taken
         self.gap = {s: probe_every for s in SOURCES}
         self.taken: tuple[int, int] = (0, 0)  # this round's (model length, suffix nodes)
         self.suffix_tokens: list[int] = []  # this round's suffix chain (to judge it after verification)
+        self.chain_first: int | None = None  # the first token of the suffix chain on offer, taken or not
         self.round = None  # this round's ParallelSpecRound, where the model drafted one
 
 
@@ -177,13 +181,15 @@ class ChoosePolicy(DraftPolicy):
 
     def alpha(self, seq, source: str) -> float:
         """A row's acceptance estimate for a source: its own judged drafts, starting from its phase's
-        (a row that may read other rows, `_pooled`) or from the prior."""
+        (a row that may read other rows, `_pooled`) or from the prior. MISSED starts from the row's
+        model acceptance: until rounds say otherwise, the model is as right where the suffix chain
+        fails as anywhere."""
         params = seq.rule.params
-        start = self.prior
+        start = self.prior if source != MISSED else self.alpha(seq, "model")
         if self._pooled(params):
             pooled = self._phases.get((params.phase, source))
             if pooled is not None:
-                start = pooled.value(self.prior, self.prior_weight)
+                start = pooled.value(start, self.prior_weight)
         return self._row(seq).est[source].value(start, self.prior_weight)
 
     def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
@@ -215,7 +221,8 @@ class ChoosePolicy(DraftPolicy):
         forward: in rounds without a suffix chain what they save over plain steps (auto's pricing,
         decode_saving); in the share of rounds where the phase's suffix source offered one (a row that
         may read other rows: its phase's coverage so far), only what they save beyond that chain alone
-        at the suffix source's acceptance, since the suffix chain drafts for free."""
+        at the suffix source's acceptance and the model's where that chain is wrong (MISSED), since
+        the suffix chain drafts for free."""
         costs = self._costs(params, shared)
         alone = decode_saving(alpha, costs, self.max_len, shared)
         cover = self._coverage.get(params.phase) if self._pooled(params) else None
@@ -224,8 +231,11 @@ class ChoosePolicy(DraftPolicy):
         a_suffix = self.prior
         if (params.phase, "suffix") in self._phases:
             a_suffix = self._phases[params.phase, "suffix"].value(self.prior, self.prior_weight)
+        missed = alpha
+        if (params.phase, MISSED) in self._phases:
+            missed = self._phases[params.phase, MISSED].value(alpha, self.prior_weight)
         length, one_pass = cover.length(), self.model is not None
-        beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass)
+        beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass, missed)
                   - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
         return (1.0 - cover.share()) * alone + cover.share() * max(0.0, beside)
 
@@ -255,15 +265,15 @@ class ChoosePolicy(DraftPolicy):
             limit = seq.rule.params.max_new_tokens - len(seq.generated)
             chain = _chain(self.source.draft(seq, limit))
             options.append((seq, limit, chain, self.alpha(seq, "model"), self.alpha(seq, "suffix"),
-                            self._costs(seq.rule.params, rows), _unseen(seq)))
+                            self.alpha(seq, MISSED), self._costs(seq.rule.params, rows), _unseen(seq)))
         plans: dict[int, tuple[int, int, int, list]] = {}
         drafting = len(options)
         while options:
             takers = []
             for entry in options:
-                seq, limit, chain, a_model, a_suffix, costs, pending = entry
+                seq, limit, chain, a_model, a_suffix, missed, costs, pending = entry
                 k, l = best_option(a_model, a_suffix, len(chain), costs, self.max_len, rows, self.graft,
-                                   self.model is not None, drafting, pending)
+                                   self.model is not None, drafting, pending, missed)
                 plans[id(seq)] = (k, l, limit, chain)
                 if k:
                     takers.append(entry)
@@ -288,13 +298,14 @@ class ChoosePolicy(DraftPolicy):
             chain = _chain(self.source.draft(seq, b.remaining))
             k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
-                               model and self.model is not None, pending=_unseen(seq))
+                               model and self.model is not None, pending=_unseen(seq), missed=self.alpha(seq, MISSED))
         if self._pooled(params):  # how often, and how long, the suffix source offers a chain (_model_saving)
             self._coverage.setdefault(params.phase, Coverage()).add(len(chain), COVERAGE_DECAY)
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
         row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
+        row.chain_first = chain[0].token if chain else None
         if k == 0 and l == 0:
             return NoDraft(vocab_size)
         if k == 0:
@@ -349,14 +360,18 @@ class ChoosePolicy(DraftPolicy):
             # each source is judged by how much of its own chain the target's tokens agree with: the
             # walk follows one branch where both start alike, and the other was just as right
             model = tree.tokens[l: l + k] if row.round is None else row.round.model_chain()
-            for source, offered, tokens in (("model", len(model), model), ("suffix", l, row.suffix_tokens)):
+            # the model again where the suffix chain on offer (drafted or not) had its first token wrong
+            missed = row.chain_first is not None and list(acceptance.tokens[:1]) != [row.chain_first]
+            for source, offered, tokens in (("model", len(model), model), ("suffix", l, row.suffix_tokens),
+                                            (MISSED, len(model) if missed else 0, model)):
                 if not offered or UNREAD in tokens:
                     continue
                 hit = min(offered, _common_prefix(acceptance.tokens, tokens))
                 row.est[source].add(hit, offered, self.decay)
                 if self._pooled(seq.rule.params):
                     self._phases.setdefault((seq.rule.params.phase, source), Estimate()).add(hit, offered, self.decay)
-                row.gap[source] = self.probe_every if hit else min(MAX_PROBE_GAP, 2 * row.gap[source])
+                if source in SOURCES:
+                    row.gap[source] = self.probe_every if hit else min(MAX_PROBE_GAP, 2 * row.gap[source])
         self.source.observe(seq)
         if seq.done:
             self._rows.pop(id(seq), None)
