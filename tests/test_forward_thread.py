@@ -125,3 +125,20 @@ def test_a_policy_that_calibrates_is_built_once_on_the_forward_thread(monkeypatc
         list(callers.map(lambda _: engine.generate([[3, 17, 4]], params, mode="sd", draft_policy="auto"), range(2)))
     assert len(built) == 1 and (tmp_path / "calibration.json").is_file()
     assert log.threads == {engine.forward_thread._ident} and built[0] == engine.forward_thread._ident
+
+
+def test_the_forward_thread_of_an_engine_that_is_gone_ends():
+    """Every engine on a CPU owns a thread (and an OpenMP team once it runs a forward): once the
+    engine is gone its thread must end too, or a process that builds engine after engine (a test
+    suite, a benchmark's runs) piles threads up until it cannot start one more."""
+    import gc
+
+    target = tiny_model("llama", seed=4)
+    engine = Engine(target, noisy_copy(target, 0.01))
+    engine.generate([[3, 17, 4, 9]], SamplingParams(max_new_tokens=4, temperature=0), mode="seed")
+    ident = engine.forward_thread._ident
+    worker = next(t for t in threading.enumerate() if t.ident == ident)
+    del engine
+    gc.collect()
+    worker.join(timeout=30)
+    assert not worker.is_alive()

@@ -61,14 +61,15 @@ class ForwardThread(Executor):
         self._stopped = threading.Event()
         ForwardThread._live.add(self)
 
-    def _mark(self) -> None:
-        self._ident = threading.get_ident()
-
     @property
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name, initializer=self._mark)
+                # the pool's thread keeps its initializer for its whole life: a bound method there would keep
+                # this object, and so the pool, alive for good, and with them the OS thread and its OpenMP
+                # team; a weak reference lets the thread end once the engine that owns this is gone
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name, initializer=_mark,
+                                                initargs=(weakref.ref(self),))
             return self._pool
 
     def runs_on(self, thread: threading.Thread) -> bool:
@@ -148,6 +149,13 @@ class ForwardThread(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """The engine's thread lives as long as the engine; schedulers that borrow it must not stop it."""
+
+
+def _mark(ref: "weakref.ref[ForwardThread]") -> None:
+    """The pool thread's initializer: its ForwardThread learns which thread it runs on."""
+    thread = ref()
+    if thread is not None:
+        thread._ident = threading.get_ident()
 
 
 def stop_all() -> None:
