@@ -93,7 +93,9 @@ def test_a_tree_draws_depth_t_nodes_from_q_t(target, drafter):
     params = SamplingParams(max_new_tokens=8, temperature=0)
     seqs, _ = engine._start([PROMPT], params, "seed", (2, 2))
     feed_logits = drafter(input_ids=torch.tensor([PROMPT + [drafter.mask_id(j) for j in (1, 2, 3)]])).logits[0]
-    tree, node_entry = draft_round(engine.draft_runtime, seqs[0], engine.policy("seed", (2, 2), params), params,
+    # named: the drafter's default, choose, would draft this round only where this machine's timings say it pays
+    policy = engine.policy("seed", (2, 2), params, "parallelspec")
+    tree, node_entry = draft_round(engine.draft_runtime, seqs[0], policy, params,
                                    engine.vocab_size)
     assert node_entry == {} and tree.depth() == 4 and len(tree) == 2 + 4 + 4 + 4
     depth = [0] * len(tree)
