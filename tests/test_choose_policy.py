@@ -79,6 +79,38 @@ def test_the_model_is_judged_again_in_rounds_whose_suffix_chain_missed():
     assert best_option(a_model, a_suffix, 4, CHEAP, 3, 1, graft=True, missed=missed) == (0, 4)
 
 
+def test_a_probe_doubles_the_gap_even_when_right_and_a_round_the_price_takes_resets_it():
+    """A model the price declines is probed now and then so its estimate can recover. A right probe
+    that still leaves it unpaid is no reason to probe sooner: each probe doubles the gap (8, 16, 32,
+    64 rounds, then 64), and only a round in which the price itself takes the model brings it back
+    to probe_every."""
+    from types import SimpleNamespace
+
+    policy = ChoosePolicy(DEAR, SuffixSource(depth=4), max_len=3, costs_at="calibrated", probe_every=8)
+    policy.source = SimpleNamespace(observe=lambda seq: None)
+    seq = SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=64, temperature=0, phase="thought")),
+                          index=0, done=False)
+    tree = type("Tree", (), {"depth": lambda self: 1, "tokens": [5], "expected_tokens": lambda self: 0.0,
+                             "__len__": lambda self: 1})()
+    row = policy._row(seq)
+
+    def probes(rounds: int) -> list[int]:
+        found = []
+        for n in range(rounds):
+            k, l = policy._probe(row, 0, 0, 0)
+            if k:  # the probe's one token is right
+                found.append(n)
+                row.taken, row.suffix_tokens, row.chain_first, row.round = (k, l), [], None, None
+                policy.observe(seq, tree, SimpleNamespace(tokens=[5, 7], path=[0]))
+        return found
+
+    first = probes(300)
+    assert first[0] == 7 and [b - a for a, b in zip(first, first[1:])] == [16, 32, 64, 64, 64]
+    assert policy.alpha(seq, "model") > 0.7  # every probe was right, and the gap grew all the same
+    policy._probe(row, 3, 0, 0)  # the price takes the model this round
+    assert probes(10)[0] == 7
+
+
 @pytest.mark.parametrize("costs", [FLAT, DEAR], ids=["flat", "dear"])
 @pytest.mark.parametrize("mode,batch", [("sd", 1), ("mcsd", 1), ("seed", 1), ("seed", None)])
 def test_choose_greedy_output_equals_the_target_alone(target, mode, batch, costs):

@@ -21,7 +21,8 @@ Where the model's chains hardly add to the suffix source's, the prefill is what 
 
 a_m and a_s are running, decayed per-token acceptances of each row, starting from every row's of the
 same phase so far (SamplingParams.phase: thought, value, answer); a source not taken for a while is
-probed (as auto probes), the gap doubling after each probe that fails. Costs: engine/cost_model.py.
+probed (as auto probes), the gap doubling after each probe until the price takes the source again.
+Costs: engine/cost_model.py.
 
 Exactness: every option's draft is verified as any other (the suffix nodes are picked, one-hot
 proposals, tried before the model's draws in their sibling group, verify.py). A sampled row (under
@@ -336,16 +337,23 @@ class ChoosePolicy(DraftPolicy):
 
     def _probe(self, row: _Row, k: int, l: int, available: int, model: bool = True) -> tuple[int, int]:
         """Take a source not taken for `gap` rounds once, so its estimate can recover (the model only
-        where the call runs it)."""
+        where the call runs it). Every probe doubles the gap, right or wrong; only a round the price
+        takes the source in brings it back to probe_every. A probe succeeds by making its source pay
+        (auto's rule): one that is right 40% of the time at a price that needs 60% would otherwise
+        reset its gap at every hit and run a draft forward, its catch-up on every token since the
+        last one included, every few rounds of every row."""
         for source, taken in (("model", k), ("suffix", l)):
             if source == "model" and not model:
                 continue
-            if taken or (source == "suffix" and not available):
+            if taken:
+                row.idle[source], row.gap[source] = 0, self.probe_every
+                continue
+            if source == "suffix" and not available:
                 row.idle[source] = 0
                 continue
             row.idle[source] += 1
             if row.idle[source] >= row.gap[source]:
-                row.idle[source] = 0
+                row.idle[source], row.gap[source] = 0, min(MAX_PROBE_GAP, 2 * row.gap[source])
                 if source == "model" and (l == 0 or self.graft):
                     k = 1
                 elif source == "suffix" and (k == 0 or self.graft):
@@ -370,8 +378,6 @@ class ChoosePolicy(DraftPolicy):
                 row.est[source].add(hit, offered, self.decay)
                 if self._pooled(seq.rule.params):
                     self._phases.setdefault((seq.rule.params.phase, source), Estimate()).add(hit, offered, self.decay)
-                if source in SOURCES:
-                    row.gap[source] = self.probe_every if hit else min(MAX_PROBE_GAP, 2 * row.gap[source])
         self.source.observe(seq)
         if seq.done:
             self._rows.pop(id(seq), None)
