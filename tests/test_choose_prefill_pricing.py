@@ -16,6 +16,7 @@ from seed_tot import Engine, SamplingParams
 from seed_tot.engine import summarize
 from seed_tot.engine.cost_model import Costs
 from seed_tot.engine.policies import check_policy_options
+from seed_tot.engine.policies.call_pricing import CallCost, call_kind
 from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
 from seed_tot.engine.policies.choose_pricing import Coverage, Estimate, option_saving
 from seed_tot.engine.policies.suffix import SuffixSource
@@ -138,3 +139,57 @@ def test_calls_declined_once_the_suffix_source_covers_them_equal_the_target_alon
         assert [r.token_ids for r in results] == [reference_greedy(target, p, 60) for p in prompts]
         prefills.append(sum(r.stats.draft_prefills for r in results))
     assert prefills[0] > 0 and prefills[-1] == 0
+
+
+def _spent(policy: ChoosePolicy, params: SamplingParams, model_s: float, text_s: float) -> None:
+    """One finished call of each group, 100 new tokens each, at these decode seconds."""
+    policy.call_finished(params, [50, 50], CallCost(True, 100, model_s))
+    policy.call_finished(params, [50, 50], CallCost(False, 100, text_s))
+
+
+def test_a_kind_of_greedy_call_whose_model_calls_cost_more_per_token_than_its_text_calls_declines_the_model():
+    """The rounds' price says the model pays (a cheap draft, a long budget); the calls of that kind that
+    ran it took 0.1 s per new token where those without it took 0.05 s, so the next call drafts from
+    the suffix source alone. A sampled call (under load=greedy) must not read wall-clock seconds:
+    it keeps the rounds' price."""
+    greedy = SamplingParams(max_new_tokens=512, temperature=0, phase="thought", search_key="s")
+    sampled = dataclasses.replace(greedy, temperature=1.0, seed=3)
+    policy = _policy(PRICED)
+    assert policy.drafts_call(30, 2, greedy)
+    _spent(policy, greedy, model_s=10.0, text_s=5.0)
+    assert policy.ledger.saving(greedy) == pytest.approx(-0.05)
+    assert not policy.drafts_call(30, 2, greedy)
+    assert policy.drafts_call(30, 2, sampled)
+    _spent(policy, sampled, model_s=10.0, text_s=5.0)  # not kept: its calls' seconds may not steer a sample
+    assert policy.drafts_call(30, 2, sampled)
+    other = _policy(PRICED)  # the same kind of call where the model's calls were the faster: it drafts
+    _spent(other, greedy, model_s=5.0, text_s=10.0)
+    assert other.ledger.saving(greedy) == pytest.approx(0.05) and other.drafts_call(30, 2, greedy)
+
+
+def test_a_kind_whose_calls_all_run_the_model_lends_the_4th_12th_and_28th_to_the_suffix_source():
+    greedy = SamplingParams(max_new_tokens=512, temperature=0, phase="thought", search_key="s")
+    policy = _policy(PRICED)
+    declined = [i for i in range(1, 41) if not policy.drafts_call(30, 2, greedy)]
+    assert declined == [4, 12, 28]
+    sampled = dataclasses.replace(greedy, temperature=1.0, seed=3)  # its call must depend on nothing before it
+    assert all(policy.drafts_call(30, 2, sampled) for _ in range(40))
+
+
+def test_calls_lent_to_the_suffix_source_equal_the_target_alone_and_report_what_they_cost(pair):
+    """The engine reports each finished call's decode cost, with or without the model, to the ledger;
+    the 4th call runs without the draft model (no draft prefill) and every call's tokens are the
+    target's."""
+    target, draft = pair
+    engine, policy = Engine(target, draft), _policy(PRICED)
+    prompts = [[5, 9, 2], [4, 4, 8, 1]]
+    params = SamplingParams(max_new_tokens=40, temperature=0, phase="thought", search_key="s")
+    prefills = []
+    for _ in range(4):
+        results = engine.generate(prompts, params, mode="seed", draft_policy=policy)
+        assert [r.token_ids for r in results] == [reference_greedy(target, p, 40) for p in prompts]
+        prefills.append(sum(r.stats.draft_prefills for r in results))
+    assert all(prefills[:3]) and prefills[3] == 0
+    assert policy.ledger.saving(params) is not None  # both groups finished calls
+    model, text = (policy.ledger.spent[call_kind(params), drafted] for drafted in (True, False))
+    assert model[2] == 3 and text[2] == 1 and text[0] == sum(len(r.token_ids) for r in results) and text[1] > 0

@@ -219,14 +219,19 @@ def test_a_sampled_call_under_load_greedy_is_priced_at_its_budget_whatever_ran_b
 
 
 class _Recording(AutoPolicy):
-    def call_finished(self, params, new_tokens):
+    def call_finished(self, params, new_tokens, cost=None):
         self.finished = getattr(self, "finished", []) + [(params.max_new_tokens, new_tokens)]
-        super().call_finished(params, new_tokens)
+        self.costs_seen = getattr(self, "costs_seen", []) + [cost]
+        super().call_finished(params, new_tokens, cost)
 
 
-def test_the_engine_reports_every_priced_call_s_output_lengths_drafted_or_declined(engine):
+def test_the_engine_reports_every_priced_call_s_output_lengths_and_decode_cost_drafted_or_declined(engine):
     policy = _Recording(FLAT, max_len=4, prior=0.8)
     declined = engine.generate(_prompts(3, 150, 0), GREEDY_2, mode="seed", draft_policy=policy)
     drafted = engine.generate([[5, 9, 2], [4, 4, 8, 1]], GREEDY_40, mode="seed", draft_policy=policy)
     assert sum(r.stats.draft_prefills for r in declined) == 0 < sum(r.stats.draft_prefills for r in drafted)
     assert policy.finished == [(2, [len(r.token_ids) for r in declined]), (40, [len(r.token_ids) for r in drafted])]
+    # and what each decoded at: whether it ran the draft model, its new tokens, its seconds after the prefill
+    assert [(c.drafted, c.new_tokens) for c in policy.costs_seen] == [
+        (False, sum(len(r.token_ids) for r in declined)), (True, sum(len(r.token_ids) for r in drafted))]
+    assert all(c.decode_s > 0 for c in policy.costs_seen)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from .params import SamplingParams
+from .policies.call_pricing import CallCost
 from .sequence import Sequence
 from .shared_prefill import prefill_prompts, tokens_to_score
 from .target_features import FeatureLog
@@ -61,8 +62,8 @@ def prefill_call(engine, seqs: list[Sequence], with_draft: bool) -> list[dict]:
     return marks
 
 
-def report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence]) -> None:
-    """A priced call's output lengths to its policy, once it has finished (not when failed or
-    cancelled): what this call outputs prices the next one of its kind."""
+def report_lengths(future, policy, params: SamplingParams, seqs: list[Sequence], drafted: bool) -> None:
+    """A priced call's output lengths and decode cost to its policy, once it has finished (not when
+    failed or cancelled): what this call outputs and costs prices the next one of its kind."""
     if not future.cancelled() and future.exception() is None:
-        policy.call_finished(params, [len(seq.generated) for seq in seqs])
+        policy.call_finished(params, [len(seq.generated) for seq in seqs], CallCost.of(seqs, drafted))

@@ -296,7 +296,7 @@ class Engine:
             with_draft = False
         future = self.scheduler.submit(seqs, policy, spec, prepare=lambda: self._prefill_shared(seqs, with_draft))
         if pricing is not None:  # what this call outputs prices the next one of its kind
-            future.add_done_callback(lambda done: report_lengths(done, pricing, params, seqs))
+            future.add_done_callback(lambda done: report_lengths(done, pricing, params, seqs, with_draft))
         return seqs, future, start
 
     def resolve_batches(self, mode: str, verify_batch: int | str | None,

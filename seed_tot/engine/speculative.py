@@ -78,6 +78,7 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
     # on the CPU a step's seconds are its cost (on a GPU they would time the launch alone): (entries, s)
     timed = runtime is not None and runtime.placement[0].type == "cpu"
     steps: list[tuple[int, float]] = []
+    fed_s = [0.0] * len(rows)  # each row's share of the draft steps it was fed in
     while True:
         active = [i for i, feed in enumerate(feeds) if feed is not None]
         if not active:
@@ -102,18 +103,23 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
             stepped = cls.step_rows([rounds[i] for i, _, _ in group], [x for _, x, _ in group], [h for _, _, h in group])
             for (i, _, _), feed in zip(group, stepped):
                 feeds[i] = feed
+        step_s = time.perf_counter() - step_start
+        for i in active:
+            fed_s[i] += step_s / len(active)
         if timed:
-            steps.append((entries, time.perf_counter() - step_start))
+            steps.append((entries, step_s))
     busy = time.perf_counter() - start
+    shared_s = (busy - sum(fed_s)) / len(seqs)  # planning and the rounds' host work: every row's
     for owner in {id(policy.owner): policy.owner for policy, _ in by_policy.values()}.values():
         for entries, seconds in steps:
             owner.observe_draft_forward(entries, seconds)
     out = []
-    for seq, rnd in zip(seqs, rounds):
+    for seq, rnd, own_s in zip(seqs, rounds, fed_s):
         tree, node_entry = rnd.finish()
         seq.stats.drafted += len(tree)
         seq.stats.draft_depth += tree.depth()
-        seq.stats.draft_busy_s += busy / len(seqs)
+        # a row that fed no draft step (a suffix chain, a plain step) pays none of them (call_pricing.CallCost)
+        seq.stats.draft_busy_s += shared_s + own_s
         out.append((tree, node_entry))
     if not defer_tokens:
         read_tokens([tree for tree, _ in out])

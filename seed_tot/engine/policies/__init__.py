@@ -25,7 +25,8 @@ The interface (base.py), designed so that a batched scheduler can drive many row
                                                              (check_policy_options: a command's up-front check)
     policy.drafts_call(prefill_tokens, rows, params, load) -> bool  before a call: False runs it without the draft
                                                              (asked only where policy.prices_prefill)
-    policy.call_finished(params, new_tokens)                 after such a call: each row's new tokens
+    policy.call_finished(params, new_tokens, cost)           after such a call: each row's new tokens, and
+                                                             what its decode cost (call_pricing.CallCost)
     policy.plan_batch(seqs, rows)                            before a batched round: its rows, the round's size
     policy.begin(seq, params, vocab_size) -> DraftRound      one sequence, one round
     round.first_feed() -> Feed | None                        entries for the draft (None: no draft)

@@ -245,7 +245,7 @@ class AutoPolicy(DraftPolicy):
         """New tokens per row a call with these params is priced at (call_pricing.CallPricing)."""
         return self.calls.expected_new_tokens(params, pooled)
 
-    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+    def call_finished(self, params: SamplingParams, new_tokens: list[int], cost=None) -> None:
         self.calls.call_finished(params, new_tokens)
 
     def plan_batch(self, seqs: list, rows: int) -> None:

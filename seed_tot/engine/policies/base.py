@@ -191,9 +191,10 @@ class DraftPolicy:
         call drafts from sources that need no draft cache (choose.py: its suffix source)."""
         return None
 
-    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+    def call_finished(self, params: SamplingParams, new_tokens: list[int], cost=None) -> None:
         """Called once a call this policy priced (`prices_prefill`) has finished, drafted or declined,
-        with each row's count of new tokens (default: nothing to learn)."""
+        with each row's count of new tokens and what its decode cost (call_pricing.CallCost: whether it
+        ran the draft model, its new tokens and seconds after the prefill); default: nothing to learn."""
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         """Called before a batched draft round with this policy's sequences in it and the round's

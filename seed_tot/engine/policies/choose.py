@@ -19,6 +19,14 @@ prefill, no draft forward, the option priced per round as above with the model l
 then a declined call uses the model anyway as a probe, where a perfect draft could repay the prefill.
 Where the model's chains hardly add to the suffix source's, the prefill is what they cost most.
 
+For greedy calls the per-round price is then checked against what calls cost (call_pricing.CallLedger):
+per kind of call, the seconds per new token of finished calls that ran the model and of calls that
+ran the suffix source alone. Once both exist, their difference is the saving per token a call is
+priced at, in place of the rounds' estimate: the model's right tokens beside a repeating text are
+often ones the suffix source would have drafted a round later, which no round's price can see. A
+kind whose calls all run the model lends one now and then to the suffix source alone (the 4th, 12th,
+28th ...), so the two keep being compared.
+
 a_m and a_s are running, decayed per-token acceptances of each row, starting from every row's of the
 same phase so far (SamplingParams.phase: thought, value, answer); a source not taken for a while is
 probed (as auto probes), the gap doubling after each probe until the price takes the source again.
@@ -58,13 +66,14 @@ from ..params import SamplingParams
 from .auto import MAX_PROBE_GAP, NoDraft, decode_saving
 from .base import (SAMPLED_ROWS, DraftPolicy, DraftRound, TreeBuilder, choice_option, flag_option, load_option, option,
                    planned_together, priced_rows, reads_others)
-from .call_pricing import PREFILL_PRICING, CallPricing
+from .call_pricing import PREFILL_PRICING, CallCost, CallLedger, CallPricing
 from .choose_pricing import COVERAGE_DECAY, Coverage, Estimate, best_option, option_saving
 from .fixed import FixedRound
 from .parallelspec import ParallelSpecPolicy
 from .suffix import SuffixRound, SuffixSource, add_device_nodes
 
 SOURCES = ("model", "suffix")
+TEXT_PROBE_EVERY = 4  # a kind of call whose calls all run the model lends the 4th, 12th, 28th ... to the suffix source
 # the model judged in rounds where a suffix chain was there and its first token was wrong: what the
 # model adds beside the suffix source (choose_pricing.expected_accepted)
 MISSED = "model|suffix missed"
@@ -105,6 +114,7 @@ class ChoosePolicy(DraftPolicy):
         measured = choice_option(self.name, "costs", costs_at, COST_PRICING) == "measured"
         self.load_costs = LoadCosts(costs) if measured else None
         self.calls = CallPricing(probe_every, decay)  # output lengths per kind of call, declined calls' probes
+        self.ledger = CallLedger(TEXT_PROBE_EVERY, decay)  # what finished calls cost per token, model or not
         # a ParallelSpecPolicy: the model's draft is its round (every level in one drafter forward), the
         # suffix chain grafted beside it as its lookup guess is; None: chains of the draft model (FixedRound)
         self.model = model
@@ -206,12 +216,22 @@ class ChoosePolicy(DraftPolicy):
         if pooled and (params.phase, "model") in self._phases:
             alpha = self._phases[params.phase, "model"].value(self.prior, self.prior_weight)
         cost = self.costs.draft(prefill_tokens)
+        measured = self.ledger.saving(params) if pooled else None
         verdict, saving, tokens = self.calls.price(
-            params, rows, load, pooled, alpha, cost, lambda a, shared: self._model_saving(params, a, shared))
+            params, rows, load, pooled, alpha, cost, lambda a, shared: self._model_saving(params, a, shared), measured)
         if verdict == "probe":
             log.info("choose: a call of %d rows uses the draft model as a probe (model acceptance %.2f)", rows, alpha)
+        if pooled and self.ledger.text_probe(params, verdict == "draft"):
+            log.info("choose: a call of %d rows drafts from the suffix source alone as a probe of what the model "
+                     "saves its kind of call", rows)
+            return False
         if verdict != "decline":
             return True
+        if measured is not None:
+            log.info("choose: a call of %d rows drafts from the suffix source alone: its kind's calls with the "
+                     "model saved %.4f s per new token over those without, %.3f s over %.0f new tokens against "
+                     "%.3f s of draft prefill", rows, measured, saving, tokens, cost)
+            return False
         log.info("choose: a call of %d rows drafts from the suffix source alone: the model's chains save at most "
                  "%.3f s over %.0f new tokens (model acceptance %.2f) against %.3f s of draft prefill (%d prompt "
                  "tokens)", rows, saving, tokens, alpha, cost, prefill_tokens)
@@ -243,8 +263,10 @@ class ChoosePolicy(DraftPolicy):
     def declined(self) -> "SuffixOnly":
         return self._suffix_only
 
-    def call_finished(self, params: SamplingParams, new_tokens: list[int]) -> None:
+    def call_finished(self, params: SamplingParams, new_tokens: list[int], cost: CallCost | None = None) -> None:
         self.calls.call_finished(params, new_tokens)
+        if cost is not None and self._pooled(params):  # wall-clock seconds price only rows they cannot steer
+            self.ledger.call_finished(params, cost)
 
     def plan_batch(self, seqs: list, rows: int) -> None:
         together = planned_together(seqs, self.load)
