@@ -31,12 +31,32 @@ def call_kind(params: SamplingParams) -> tuple:
     return params.max_new_tokens, params.stop
 
 
+class Backoff:
+    """Probes that back off: every gap-th counted event is one, the gap doubling after each (up to
+    MAX_PROBE_GAP); `reset` brings it back to its start, when the price itself takes what was probed."""
+
+    __slots__ = ("start", "count", "gap")
+
+    def __init__(self, start: int):
+        self.start, self.count, self.gap = start, 0, start
+
+    def reset(self) -> None:
+        self.count, self.gap = 0, self.start
+
+    def tick(self) -> bool:
+        self.count += 1
+        if self.count < self.gap:
+            return False
+        self.count, self.gap = 0, min(MAX_PROBE_GAP, 2 * self.gap)
+        return True
+
+
 class CallPricing:
     """One policy's call-level state: the output lengths of finished calls and the declined calls' probes."""
 
     def __init__(self, probe_every: int, decay: float):
-        self.probe_every, self.decay = probe_every, decay
-        self.declined, self.gap = 0, probe_every  # calls declined since the last that drafted; the probe's gap
+        self.decay = decay
+        self.probes = Backoff(probe_every)  # declined calls that could pay, since the last that drafted
         self.lengths: dict[tuple, list[float]] = {}  # call_kind -> [new tokens of its finished rows, rows], decayed
 
     def expected_new_tokens(self, params: SamplingParams, pooled: bool = True) -> float:
@@ -72,12 +92,9 @@ class CallPricing:
         as a probe (only where a perfect draft's saving would repay it, and only for a row that may read
         other calls), else "decline"."""
         if saving > cost:
-            self.declined, self.gap = 0, self.probe_every
+            self.probes.reset()
             return "draft"
-        could_pay = pooled and perfect_saving > cost
-        self.declined += could_pay
-        if could_pay and self.declined >= self.gap:
-            self.declined, self.gap = 0, min(MAX_PROBE_GAP, 2 * self.gap)
+        if pooled and perfect_saving > cost and self.probes.tick():
             return "probe"
         return "decline"
 
@@ -118,7 +135,7 @@ class CallLedger:
     def __init__(self, probe_every: int, decay: float):
         self.probe_every, self.decay = probe_every, decay
         self.spent: dict[tuple, list[float]] = {}  # (call_kind, drafted) -> [new tokens, decode seconds, calls]
-        self.drafting: dict[tuple, list[int]] = {}  # call_kind -> [calls that ran the model since a text call, gap]
+        self.drafting: dict[tuple, Backoff] = {}  # call_kind -> calls the price sent to the model since a text call
 
     def call_finished(self, params: SamplingParams, cost: CallCost) -> None:
         if cost.new_tokens < 1 or cost.decode_s <= 0:
@@ -141,13 +158,8 @@ class CallLedger:
         """Whether a call the price sends to the model (`drafts`) runs without it instead: every gap-th
         such call of its kind since one ran without it, the gap doubling after each probe; a call
         the price declines restarts the count."""
-        kind = call_kind(params)
-        counted = self.drafting.setdefault(kind, [0, self.probe_every])
+        probes = self.drafting.setdefault(call_kind(params), Backoff(self.probe_every))
         if not drafts:
-            counted[0], counted[1] = 0, self.probe_every
+            probes.reset()
             return False
-        counted[0] += 1
-        if counted[0] < counted[1]:
-            return False
-        counted[0], counted[1] = 0, min(MAX_PROBE_GAP, 2 * counted[1])
-        return True
+        return probes.tick()
