@@ -136,6 +136,24 @@ def test_finished_calls_settle_in_row_order_whatever_order_they_finished_in():
     assert docs[0] == docs[1] == [[10, 11, 1], [10, 11, 2]]
 
 
+def test_where_no_scope_matches_two_tokens_the_row_drafts_from_its_last_token_s_previous_occurrence():
+    greedy = _Rule(SamplingParams(max_new_tokens=32, temperature=0))
+    # "9 4": no earlier pair; 4 last occurred at 1, followed by 2 3 5 (unigram=3 tokens at most)
+    row = _Seq(0, [1, 4, 2, 3, 5, 6], greedy, [9, 4])
+    assert [(n.parent, n.token) for n in SuffixScopes().draft(row, 8)] == [(-1, 2), (0, 3), (1, 5)]
+    assert [n.token for n in SuffixScopes(unigram=2).draft(row, 8)] == [2, 3]
+    assert [n.token for n in SuffixScopes().draft(row, 1)] == [2]  # never past the round's limit
+    assert SuffixScopes(unigram=0).draft(row, 8) == []
+    assert SuffixScopes().draft(_Seq(0, [1, 4, 2], greedy, [9, 7]), 8) == []  # 7 never occurred before
+    # a two-token match anywhere wins: "3 5" in the row, followed by 6 9 (as long as the match)
+    assert [n.token for n in SuffixScopes().draft(_Seq(0, [1, 4, 2, 3, 5, 6], greedy, [9, 3, 5]), 8)] == [6, 9]
+    # the row grows round by round: the fallback follows it
+    scopes, grown = SuffixScopes(), _Seq(0, [1, 4, 2, 3], greedy, [])
+    assert scopes.draft(grown, 8) == []
+    grown.generated += [8, 2]
+    assert [n.token for n in scopes.draft(grown, 8)] == [3, 8, 2]
+
+
 def test_a_round_drafts_picked_nodes_and_no_model_forward():
     seq = _Seq(0, REPEATING, _Rule(SamplingParams(max_new_tokens=8, temperature=0)))
     rnd = SuffixPolicy(SuffixSource(depth=3, factor=4)).begin(seq, seq.rule.params, 100)
@@ -189,6 +207,22 @@ def test_sampled_output_follows_the_target_distribution(mode, setting, batch, sh
     assert sum(rec["drafted"] > 0 for rec in policy.records) > SAMPLES // 2
 
 
+@pytest.mark.parametrize("mode,batch", [("sd", 1), ("seed", None)])
+def test_sampled_output_follows_the_target_distribution_when_only_one_token_matches(mode, batch, monkeypatch):
+    """A prompt whose last two tokens occur nowhere before, whose last token does: the first round is
+    the one-token fallback's (each row's own text only, share=off), and its first token is the
+    target's choice about half the time."""
+    import test_sampling_lossless as fixture
+
+    monkeypatch.setattr(fixture, "PROMPT", [7, 1, 4, 5, 1])
+    target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
+    policy = SuffixPolicy(SuffixSource(depth=2, share="off", run_tokens=0))
+    assert [n.token for n in policy.source.scopes.draft(_Seq(0, fixture.PROMPT, _Rule(fixture.SETTINGS["temperature"])),
+                                                         2)] == [4, 5]
+    policy.source.clear()
+    assert_policy_samples_follow_the_target(target, None, policy, "temperature", mode, (1,), batch)
+
+
 def test_a_sample_is_the_same_in_sd_and_in_batched_seed_and_beside_other_searches(target):
     """A sampled row reads its own text and its search's finished calls: the same seed gives the same
     sample whatever shares its forwards and whatever other searches wrote before."""
@@ -208,6 +242,8 @@ def test_bad_options_and_no_draft_model_needed(target):
         engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"width": "0"})
     with pytest.raises(ValueError, match="option share='some' must be one of greedy, all, off"):
         engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"share": "some"})
+    with pytest.raises(ValueError, match="option unigram='-1' must be >= 0"):
+        engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"unigram": "-1"})
     assert engine.generate([REPEATING], params, mode="sd", draft_policy="suffix")[0].token_ids == \
         reference_greedy(target, REPEATING, 4)
     with pytest.raises(ValueError, match="search_key must be a string"):

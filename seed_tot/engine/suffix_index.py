@@ -16,6 +16,13 @@ most probable nodes as a small tree, no deeper than the match is long (SuffixDec
 max_spec_factor). No step rebuilds anything: updates and queries are flat in rows and in the text
 held.
 
+Where no scope holds the context's last two tokens, a row may still draft from its last one: what
+followed that token's previous occurrence in the row's own text (`unigram` tokens at most; prompt
+lookup's one-token match, policies/prompt_lookup.py). A ToT thought copies the question's names and
+numbers one token at a time, and the two-token index alone misses those rounds (a replay of recorded
+thoughts in docs/benchmarks.md, 2026-11-30: lookup drafted more per verification at the same
+acceptance, and this fallback is what it had that the index did not).
+
 `SuffixScopes` keeps three scopes (policies/suffix.py reads them):
   row      the row's prompt and output so far;
   search   every row of the same search (a call's SamplingParams.search_key, which ToT sets per
@@ -188,21 +195,58 @@ class _Search:
         self.rule = rule
 
 
+class PreviousOccurrence:
+    """Where each token occurred before its latest occurrence, in one growing list of tokens: the
+    last token's previous occurrence in O(1), kept at one dict write per token."""
+
+    def __init__(self):
+        self._last: dict[int, int] = {}
+        self._before: dict[int, int] = {}
+        self.length = 0
+
+    def extend(self, tokens) -> None:
+        last, before, p = self._last, self._before, self.length
+        for t in tokens:
+            q = last.get(t)
+            if q is not None:
+                before[t] = q
+            last[t] = p
+            p += 1
+        self.length = p
+
+    def of_last(self, tokens: list[int]) -> int | None:
+        """The position of the previous occurrence of tokens[-1] (something always follows it)."""
+        if not tokens:
+            return None
+        t = tokens[-1]
+        return self._before.get(t) if self._last.get(t) == len(tokens) - 1 else None
+
+
+def unigram_draft(tokens: list[int], previous: PreviousOccurrence, length: int) -> list[DraftNode]:
+    """Up to `length` tokens that followed the previous occurrence of the last token, as a chain."""
+    p = previous.of_last(tokens)
+    if p is None or length < 1:
+        return []
+    return [DraftNode(i - 1, t, 1.0) for i, t in enumerate(tokens[p + 1: p + 1 + length])]
+
+
 @dataclass
 class _Row:
     index: TextIndex  # one document: the row's prompt and output
     search: _Search | None
     live_doc: int | None  # its output's document in search.live
     synced: int = 0  # tokens of seq.tokens indexed
+    previous: PreviousOccurrence = field(default_factory=PreviousOccurrence)  # the one-token fallback's
 
 
 class SuffixScopes:
     """The row, search and run scopes of one policy, and each row's place in them."""
 
     def __init__(self, run_tokens: int = 1 << 16, searches: int = 64, share: str = "greedy",
-                 candidates: int = 32, max_match: int = 32):
+                 candidates: int = 32, max_match: int = 32, unigram: int = 3):
         if share not in SHARES:
             raise ValueError(f"share={share!r} must be one of {', '.join(SHARES)}")
+        self.unigram = unigram  # tokens drafted from a one-token match in the row's text; 0: none
         self.run = TextIndex(run_tokens) if run_tokens > 0 else None
         self.searches: OrderedDict[str, _Search] = OrderedDict()
         self.max_searches, self.share = searches, share
@@ -244,6 +288,8 @@ class SuffixScopes:
             start = row.synced
             new = (prompt[start:] + generated) if start < len(prompt) else generated[start - len(prompt):]
             row.index.extend(0, new)
+            if self.unigram:
+                row.previous.extend(new)
             if row.search is not None:
                 row.search.live.extend(row.live_doc, new[max(0, len(prompt) - start):])
             row.synced = total
@@ -267,6 +313,8 @@ class SuffixScopes:
         if every and self.run is not None:
             # this search's outputs are read above; the run holds them too once finished
             found += self.run.occurrences(context, limit, match, skip_tag=key)
+        if not found and self.unigram:
+            return unigram_draft(context, row.previous, min(nodes, self.unigram))
         return draft_from(found, nodes, width, min_prob, factor)
 
     def finish(self, seq) -> None:
