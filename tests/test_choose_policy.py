@@ -246,6 +246,7 @@ def test_choose_by_name_and_its_options(target):
     out = engine.generate([REPEATING], params, mode="seed", draft_policy="choose", policy_options={"unigram": "0"})
     assert out[0].token_ids == reference_greedy(target, REPEATING, 6)
     assert ChoosePolicy.parse_options(unigram="5")["suffix"]["unigram"] == 5
+    assert ChoosePolicy.parse_options(unigram_rows="ALL")["suffix"]["unigram_rows"] == "all"
     with pytest.raises(ValueError, match="option graft='maybe' must be one of true, false"):
         engine.generate([REPEATING], params, mode="seed", draft_policy="choose", policy_options={"graft": "maybe"})
 

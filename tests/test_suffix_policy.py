@@ -152,6 +152,10 @@ def test_where_no_scope_matches_two_tokens_the_row_drafts_from_its_last_token_s_
     assert scopes.draft(grown, 8) == []
     grown.generated += [8, 2]
     assert [n.token for n in scopes.draft(grown, 8)] == [3, 8, 2]
+    # a sampled row only with unigram_rows=all
+    sampled = _Seq(0, [1, 4, 2, 3, 5, 6], _Rule(SamplingParams(max_new_tokens=32, temperature=1.0)), [9, 4])
+    assert SuffixScopes().draft(sampled, 8) == []
+    assert [n.token for n in SuffixScopes(unigram_rows="all").draft(sampled, 8)] == [2, 3, 5]
 
 
 def test_a_round_drafts_picked_nodes_and_no_model_forward():
@@ -210,13 +214,13 @@ def test_sampled_output_follows_the_target_distribution(mode, setting, batch, sh
 @pytest.mark.parametrize("mode,batch", [("sd", 1), ("seed", None)])
 def test_sampled_output_follows_the_target_distribution_when_only_one_token_matches(mode, batch, monkeypatch):
     """A prompt whose last two tokens occur nowhere before, whose last token does: the first round is
-    the one-token fallback's (each row's own text only, share=off), and its first token is the
-    target's choice about half the time."""
+    the one-token fallback's (each row's own text only, share=off; sampled rows use it with
+    unigram_rows=all), and its first token is the target's choice about half the time."""
     import test_sampling_lossless as fixture
 
     monkeypatch.setattr(fixture, "PROMPT", [7, 1, 4, 5, 1])
     target = tiny_model("llama", seed=21, vocab=fixture.VOCAB)
-    policy = SuffixPolicy(SuffixSource(depth=2, share="off", run_tokens=0))
+    policy = SuffixPolicy(SuffixSource(depth=2, share="off", run_tokens=0, unigram_rows="all"))
     assert [n.token for n in policy.source.scopes.draft(_Seq(0, fixture.PROMPT, _Rule(fixture.SETTINGS["temperature"])),
                                                          2)] == [4, 5]
     policy.source.clear()
@@ -244,6 +248,8 @@ def test_bad_options_and_no_draft_model_needed(target):
         engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"share": "some"})
     with pytest.raises(ValueError, match="option unigram='-1' must be >= 0"):
         engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"unigram": "-1"})
+    with pytest.raises(ValueError, match="option unigram_rows='some' must be one of greedy, all"):
+        engine.generate([REPEATING], params, mode="sd", draft_policy="suffix", policy_options={"unigram_rows": "some"})
     assert engine.generate([REPEATING], params, mode="sd", draft_policy="suffix")[0].token_ids == \
         reference_greedy(target, REPEATING, 4)
     with pytest.raises(ValueError, match="search_key must be a string"):

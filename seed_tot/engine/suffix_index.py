@@ -21,7 +21,9 @@ followed that token's previous occurrence in the row's own text (`unigram` token
 lookup's one-token match, policies/prompt_lookup.py). A ToT thought copies the question's names and
 numbers one token at a time, and the two-token index alone misses those rounds (a replay of recorded
 thoughts in docs/benchmarks.md, 2026-11-30: lookup drafted more per verification at the same
-acceptance, and this fallback is what it had that the index did not).
+acceptance, and this fallback is what it had that the index did not). By default only greedy rows
+use it (`unigram_rows`): a sampled row's one-token guesses are right too rarely to pay for the
+query tokens they add (the same journal entry, temperature 1.0).
 
 `SuffixScopes` keeps three scopes (policies/suffix.py reads them):
   row      the row's prompt and output so far;
@@ -42,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 SHARES = ("greedy", "all", "off")
+UNIGRAM_ROWS = ("greedy", "all")  # which rows may draft from a one-token match
 
 
 @dataclass
@@ -243,10 +246,13 @@ class SuffixScopes:
     """The row, search and run scopes of one policy, and each row's place in them."""
 
     def __init__(self, run_tokens: int = 1 << 16, searches: int = 64, share: str = "greedy",
-                 candidates: int = 32, max_match: int = 32, unigram: int = 3):
+                 candidates: int = 32, max_match: int = 32, unigram: int = 3, unigram_rows: str = "greedy"):
         if share not in SHARES:
             raise ValueError(f"share={share!r} must be one of {', '.join(SHARES)}")
+        if unigram_rows not in UNIGRAM_ROWS:
+            raise ValueError(f"unigram_rows={unigram_rows!r} must be one of {', '.join(UNIGRAM_ROWS)}")
         self.unigram = unigram  # tokens drafted from a one-token match in the row's text; 0: none
+        self.unigram_rows = unigram_rows
         self.run = TextIndex(run_tokens) if run_tokens > 0 else None
         self.searches: OrderedDict[str, _Search] = OrderedDict()
         self.max_searches, self.share = searches, share
@@ -313,7 +319,7 @@ class SuffixScopes:
         if every and self.run is not None:
             # this search's outputs are read above; the run holds them too once finished
             found += self.run.occurrences(context, limit, match, skip_tag=key)
-        if not found and self.unigram:
+        if not found and self.unigram and (self.unigram_rows == "all" or seq.rule.params.greedy):
             return unigram_draft(context, row.previous, min(nodes, self.unigram))
         return draft_from(found, nodes, width, min_prob, factor)
 

@@ -50,7 +50,7 @@ Options: max_len (the model chain's longest; default len(k_config)), graft (allo
 default true: a round may then be a two-branch tree), prior (the estimates' start; default 0.5),
 probe_every (default 8), load (greedy|all|off), prefill (priced|free), costs (measured|calibrated),
 recalibrate, sampled_rows (default 8), the suffix source's (suffix.py: depth, width, min_prob, factor,
-candidates, run_tokens, share, unigram), and with a ParallelSpec drafter its rounds' cut, passes and lookup
+candidates, run_tokens, share, unigram, unigram_rows), and with a ParallelSpec drafter its rounds' cut, passes and lookup
 (parallelspec.py; the drafter's defaults when left out). Its cut prices a jointly planned round at
 the same measured load.
 """
@@ -132,8 +132,8 @@ class ChoosePolicy(DraftPolicy):
     @classmethod
     def parse_options(cls, max_len=None, graft="true", prior=0.5, probe_every=8, load="greedy", prefill="priced",
                       costs="measured", recalibrate="false", depth=None, width=1, min_prob=0.1, factor=1.0,
-                      candidates=32, run_tokens=1 << 16, share="greedy", unigram=3, sampled_rows=SAMPLED_ROWS,
-                      cut=None, passes=None, lookup=None) -> dict:
+                      candidates=32, run_tokens=1 << 16, share="greedy", unigram=3, unigram_rows="greedy",
+                      sampled_rows=SAMPLED_ROWS, cut=None, passes=None, lookup=None) -> dict:
         """cut, passes and lookup are a ParallelSpec drafter's (parallelspec.py), passed to the rounds it
         drafts; left out, the drafter's own defaults (drafter.json). sampled_rows is both policies'."""
         given = {"cut": cut, "passes": passes, "lookup": lookup}
@@ -150,7 +150,7 @@ class ChoosePolicy(DraftPolicy):
                 "costs": choice_option(cls.name, "costs", costs, COST_PRICING),
                 "recalibrate": flag_option(cls.name, "recalibrate", recalibrate),
                 "suffix": SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share,
-                                             unigram)}
+                                             unigram, unigram_rows)}
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:

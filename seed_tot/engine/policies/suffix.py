@@ -16,7 +16,8 @@ default, drafts a chain), min_prob (a node's least share of the occurrences; def
 (draft length per matched token; default 1.0), candidates (occurrences read per scope; default 32),
 run_tokens (the run scope's bound; default 65536, 0: no run scope), share (greedy, the default: which
 rows read other rows' text, suffix_index.py; all; off: each row its own text only), unigram (tokens
-drafted from a one-token match in the row's own text where no scope matches two; default 3, 0: none).
+drafted from a one-token match in the row's own text where no scope matches two; default 3, 0: none),
+unigram_rows (which rows may: greedy, the default, or all).
 """
 from __future__ import annotations
 
@@ -24,47 +25,51 @@ import torch
 
 from ..host_to_device import to_device
 from ..params import SamplingParams
-from ..suffix_index import SHARES, DraftNode, SuffixScopes
+from ..suffix_index import SHARES, UNIGRAM_ROWS, DraftNode, SuffixScopes
 from .base import DraftPolicy, DraftRound, TreeBuilder, option
 
 
-def _share_option(policy: str, value) -> str:
+def _choice(policy: str, name: str, value, choices) -> str:
     text = str(value).lower()
-    if text not in SHARES:
-        raise ValueError(f"draft policy {policy!r}: option share={value!r} must be one of {', '.join(SHARES)}")
+    if text not in choices:
+        raise ValueError(f"draft policy {policy!r}: option {name}={value!r} must be one of {', '.join(choices)}")
     return text
 
 
 class SuffixSource:
     """The scopes and the draft settings, shared by `suffix` and by the policies that graft its drafts."""
 
-    OPTIONS = ("depth", "width", "min_prob", "factor", "candidates", "run_tokens", "share", "unigram")
+    OPTIONS = ("depth", "width", "min_prob", "factor", "candidates", "run_tokens", "share", "unigram", "unigram_rows")
 
     def __init__(self, depth: int = 8, width: int = 1, min_prob: float = 0.1, factor: float = 1.0,
-                 candidates: int = 32, run_tokens: int = 1 << 16, share: str = "greedy", unigram: int = 3):
+                 candidates: int = 32, run_tokens: int = 1 << 16, share: str = "greedy", unigram: int = 3,
+                 unigram_rows: str = "greedy"):
         if depth < 1 or width < 1 or candidates < 1 or run_tokens < 0 or unigram < 0 or factor <= 0 \
                 or not 0 <= min_prob <= 1:
             raise ValueError("a suffix source needs depth, width, candidates >= 1, run_tokens, unigram >= 0, "
                              "factor > 0 and 0 <= min_prob <= 1")
         self.depth, self.width, self.min_prob, self.factor = depth, width, min_prob, factor
-        self.scopes = SuffixScopes(run_tokens, share=share, candidates=candidates, unigram=unigram)
+        self.scopes = SuffixScopes(run_tokens, share=share, candidates=candidates, unigram=unigram,
+                                   unigram_rows=unigram_rows)
 
     @classmethod
     def parse(cls, policy: str, depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32, run_tokens=1 << 16,
-              share="greedy", unigram=3) -> dict:
+              share="greedy", unigram=3, unigram_rows="greedy") -> dict:
         return {"depth": None if depth is None else option(policy, "depth", depth, int, 1),
                 "width": option(policy, "width", width, int, 1),
                 "min_prob": option(policy, "min_prob", min_prob, float, 0, high=1),
                 "factor": option(policy, "factor", factor, float, 1e-9),
                 "candidates": option(policy, "candidates", candidates, int, 1),
                 "run_tokens": option(policy, "run_tokens", run_tokens, int, 0),
-                "share": _share_option(policy, share),
-                "unigram": option(policy, "unigram", unigram, int, 0)}
+                "share": _choice(policy, "share", share, SHARES),
+                "unigram": option(policy, "unigram", unigram, int, 0),
+                "unigram_rows": _choice(policy, "unigram_rows", unigram_rows, UNIGRAM_ROWS)}
 
     def clear(self) -> None:
         scopes = self.scopes
         self.scopes = SuffixScopes(scopes.run.max_tokens if scopes.run is not None else 0, scopes.max_searches,
-                                   scopes.share, scopes.candidates, scopes.max_match, scopes.unigram)
+                                   scopes.share, scopes.candidates, scopes.max_match, scopes.unigram,
+                                   scopes.unigram_rows)
 
     def draft(self, seq, limit: int) -> list[DraftNode]:
         return self.scopes.draft(seq, min(self.depth, limit), self.width, self.min_prob, self.factor)
@@ -104,8 +109,9 @@ class SuffixPolicy(DraftPolicy):
 
     @classmethod
     def parse_options(cls, depth=None, width=1, min_prob=0.1, factor=1.0, candidates=32, run_tokens=1 << 16,
-                      share="greedy", unigram=3) -> dict:
-        return SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share, unigram)
+                      share="greedy", unigram=3, unigram_rows="greedy") -> dict:
+        return SuffixSource.parse(cls.name, depth, width, min_prob, factor, candidates, run_tokens, share, unigram,
+                                  unigram_rows)
 
     @classmethod
     def may_draft_trees(cls, engine, k_config, options) -> bool:
