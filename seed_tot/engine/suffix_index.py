@@ -285,6 +285,9 @@ class SuffixScopes:
                 pass
         return row
 
+    def _uses_unigram(self, seq) -> bool:
+        return bool(self.unigram) and (self.unigram_rows == "all" or seq.rule.params.greedy)
+
     def sync(self, seq) -> _Row:
         """Index the row's tokens it has not indexed yet (its prompt on its first round)."""
         row = self._row(seq)
@@ -294,7 +297,7 @@ class SuffixScopes:
             start = row.synced
             new = (prompt[start:] + generated) if start < len(prompt) else generated[start - len(prompt):]
             row.index.extend(0, new)
-            if self.unigram:
+            if self._uses_unigram(seq):
                 row.previous.extend(new)
             if row.search is not None:
                 row.search.live.extend(row.live_doc, new[max(0, len(prompt) - start):])
@@ -319,7 +322,7 @@ class SuffixScopes:
         if every and self.run is not None:
             # this search's outputs are read above; the run holds them too once finished
             found += self.run.occurrences(context, limit, match, skip_tag=key)
-        if not found and self.unigram and (self.unigram_rows == "all" or seq.rule.params.greedy):
+        if not found and self._uses_unigram(seq):
             return unigram_draft(context, row.previous, min(nodes, self.unigram))
         return draft_from(found, nodes, width, min_prob, factor)
 

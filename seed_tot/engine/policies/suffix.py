@@ -26,14 +26,7 @@ import torch
 from ..host_to_device import to_device
 from ..params import SamplingParams
 from ..suffix_index import SHARES, UNIGRAM_ROWS, DraftNode, SuffixScopes
-from .base import DraftPolicy, DraftRound, TreeBuilder, option
-
-
-def _choice(policy: str, name: str, value, choices) -> str:
-    text = str(value).lower()
-    if text not in choices:
-        raise ValueError(f"draft policy {policy!r}: option {name}={value!r} must be one of {', '.join(choices)}")
-    return text
+from .base import DraftPolicy, DraftRound, TreeBuilder, choice_option, option
 
 
 class SuffixSource:
@@ -61,9 +54,9 @@ class SuffixSource:
                 "factor": option(policy, "factor", factor, float, 1e-9),
                 "candidates": option(policy, "candidates", candidates, int, 1),
                 "run_tokens": option(policy, "run_tokens", run_tokens, int, 0),
-                "share": _choice(policy, "share", share, SHARES),
+                "share": choice_option(policy, "share", str(share).lower(), SHARES),
                 "unigram": option(policy, "unigram", unigram, int, 0),
-                "unigram_rows": _choice(policy, "unigram_rows", unigram_rows, UNIGRAM_ROWS)}
+                "unigram_rows": choice_option(policy, "unigram_rows", str(unigram_rows).lower(), UNIGRAM_ROWS)}
 
     def clear(self) -> None:
         scopes = self.scopes
