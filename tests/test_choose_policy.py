@@ -79,6 +79,52 @@ def test_the_model_is_judged_again_in_rounds_whose_suffix_chain_missed():
     assert best_option(a_model, a_suffix, 4, CHEAP, 3, 1, graft=True, missed=missed) == (0, 4)
 
 
+def test_the_one_token_fallback_is_judged_apart_from_longer_matches():
+    """Chains of a two-token match right every round, the one-token fallback's wrong every round: each
+    kind keeps its own estimate, so at a price where a drafted token must be right a sixth of the time
+    the longer match's chain is drafted whole and the fallback's declined (one estimate for both
+    would price each at their mix, about a half: a two-token prefix of either)."""
+    assert best_option(0.0, 0.5, 3, MILD, 0, 1, graft=True) == (0, 2)
+    from types import SimpleNamespace
+
+    from seed_tot.engine.policies.choose import FALLBACK
+    from seed_tot.engine.suffix_index import DraftNode
+
+    policy = ChoosePolicy(MILD, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
+    policy.source = SimpleNamespace(observe=lambda seq: None)
+    seq = SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=64, temperature=0, phase="thought")),
+                          index=0, done=False, draft=None, generated=[])
+    tree = type("Tree", (), {"depth": lambda self: 3, "tokens": [5, 6, 7], "expected_tokens": lambda self: 0.0,
+                             "__len__": lambda self: 3})()
+    indexed = [DraftNode(-1, 5, 1.0), DraftNode(0, 6, 1.0), DraftNode(1, 7, 1.0)]
+    fallback = [DraftNode(-1, 5, 1.0, fallback=True), DraftNode(0, 6, 1.0, fallback=True),
+                DraftNode(1, 7, 1.0, fallback=True)]
+    for n in range(40):
+        chain = indexed if n % 2 else fallback
+        policy.source.draft = lambda seq, limit, chain=chain: chain
+        policy.begin(seq, seq.rule.params, 100)
+        row = policy._row(seq)
+        row.taken, row.suffix_tokens, row.round = (0, 3), [5, 6, 7], None  # judged whole, taken or not
+        policy.observe(seq, tree, SimpleNamespace(tokens=[5, 6, 7, 9] if n % 2 else [3], path=[]))
+    assert policy.alpha(seq, "suffix") > 0.8 and policy.alpha(seq, FALLBACK) < 0.1
+    policy.source.draft = lambda seq, limit: indexed
+    policy.begin(seq, seq.rule.params, 100)
+    assert policy._row(seq).taken == (0, 3) and policy._row(seq).suffix_kind == "suffix"
+    policy.source.draft = lambda seq, limit: fallback
+    policy.begin(seq, seq.rule.params, 100)
+    assert policy._row(seq).taken[1] == 0 and policy._row(seq).suffix_kind == FALLBACK  # the model may be probed
+
+
+def test_only_the_one_token_fallback_marks_its_draft():
+    from seed_tot.engine.suffix_index import PreviousOccurrence, draft_from, unigram_draft
+
+    tokens = [4, 8, 9, 1, 4]
+    previous = PreviousOccurrence()
+    previous.extend(tokens)
+    assert [(n.token, n.fallback) for n in unigram_draft(tokens, previous, 3)] == [(8, True), (9, True), (1, True)]
+    assert not any(n.fallback for n in draft_from([(2, tokens, 1)], 3))
+
+
 def test_a_probe_doubles_the_gap_even_when_right_and_a_round_the_price_takes_resets_it():
     """A model the price declines is probed now and then so its estimate can recover. A right probe
     that still leaves it unpaid is no reason to probe sooner: each probe doubles the gap (8, 16, 32,

@@ -52,6 +52,7 @@ class DraftNode:
     parent: int  # index in the draft's node list; -1: the root (the context's last token)
     token: int
     prob: float  # the path's share of the read occurrences that continue this way
+    fallback: bool = False  # drafted from a one-token match (unigram_draft), right less often than a longer one's
 
 
 class TextIndex:
@@ -230,7 +231,7 @@ def unigram_draft(tokens: list[int], previous: PreviousOccurrence, length: int) 
     p = previous.of_last(tokens)
     if p is None or length < 1:
         return []
-    return [DraftNode(i - 1, t, 1.0) for i, t in enumerate(tokens[p + 1: p + 1 + length])]
+    return [DraftNode(i - 1, t, 1.0, fallback=True) for i, t in enumerate(tokens[p + 1: p + 1 + length])]
 
 
 @dataclass

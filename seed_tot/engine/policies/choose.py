@@ -28,7 +28,10 @@ kind whose calls all run the model lends one now and then to the suffix source a
 28th ...), so the two keep being compared.
 
 a_m and a_s are running, decayed per-token acceptances of each row, starting from every row's of the
-same phase so far (SamplingParams.phase: thought, value, answer); a source not taken for a while is
+same phase so far (SamplingParams.phase: thought, value, answer); a_s is kept twice, for chains of a
+match of two tokens or more and for the suffix source's one-token fallback (FALLBACK), each chain
+priced and judged with its own kind's, so the fallback is taken only where its own record pays for
+it on this hardware; a source not taken for a while is
 probed (as auto probes), the gap doubling after each probe until the price takes the source again.
 Costs: engine/cost_model.py.
 
@@ -77,17 +80,22 @@ TEXT_PROBE_EVERY = 4  # a kind of call whose calls all run the model lends the 4
 # the model judged in rounds where a suffix chain was there and its first token was wrong: what the
 # model adds beside the suffix source (choose_pricing.expected_accepted)
 MISSED = "model|suffix missed"
+# the suffix source's chains from a one-token match (its fallback where no scope matches two tokens),
+# judged apart: they are right less often than a longer match's, and one estimate for both would
+# price the fallback's chains too high and the longer matches' too low
+FALLBACK = "suffix|one-token match"
 
 log = logging.getLogger(__name__)
 
 
 class _Row:
     def __init__(self, probe_every: int):
-        self.est = {s: Estimate() for s in (*SOURCES, MISSED)}
+        self.est = {s: Estimate() for s in (*SOURCES, MISSED, FALLBACK)}
         self.idle = {s: 0 for s in SOURCES}  # rounds since the source was last taken
         self.gap = {s: probe_every for s in SOURCES}
         self.taken: tuple[int, int] = (0, 0)  # this round's (model length, suffix nodes)
         self.suffix_tokens: list[int] = []  # this round's suffix chain (to judge it after verification)
+        self.suffix_kind = "suffix"  # the estimate that chain is judged in: "suffix" or FALLBACK
         self.chain_first: int | None = None  # the first token of the suffix chain on offer, taken or not
         self.round = None  # this round's ParallelSpecRound, where the model drafted one
 
@@ -288,7 +296,7 @@ class ChoosePolicy(DraftPolicy):
         for seq in together:
             limit = seq.rule.params.max_new_tokens - len(seq.generated)
             chain = _chain(self.source.draft(seq, limit))
-            options.append((seq, limit, chain, self.alpha(seq, "model"), self.alpha(seq, "suffix"),
+            options.append((seq, limit, chain, self.alpha(seq, "model"), self.alpha(seq, _kind(chain)),
                             self.alpha(seq, MISSED), self._costs(seq.rule.params, rows), _unseen(seq)))
         plans: dict[int, tuple[int, int, int, list]] = {}
         drafting = len(options)
@@ -320,7 +328,7 @@ class ChoosePolicy(DraftPolicy):
             k, l, _, chain = plan
         else:
             chain = _chain(self.source.draft(seq, b.remaining))
-            k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, "suffix"), len(chain),
+            k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, _kind(chain)), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
                                model and self.model is not None, pending=_unseen(seq), missed=self.alpha(seq, MISSED))
         if self._pooled(params):  # how often, and how long, the suffix source offers a chain (_model_saving)
@@ -329,6 +337,7 @@ class ChoosePolicy(DraftPolicy):
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
         row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
+        row.suffix_kind = _kind(chain)
         row.chain_first = chain[0].token if chain else None
         if k == 0 and l == 0:
             return NoDraft(vocab_size)
@@ -393,7 +402,7 @@ class ChoosePolicy(DraftPolicy):
             model = tree.tokens[l: l + k] if row.round is None else row.round.model_chain()
             # the model again where the suffix chain on offer (drafted or not) had its first token wrong
             missed = row.chain_first is not None and list(acceptance.tokens[:1]) != [row.chain_first]
-            for source, offered, tokens in (("model", len(model), model), ("suffix", l, row.suffix_tokens),
+            for source, offered, tokens in (("model", len(model), model), (row.suffix_kind, l, row.suffix_tokens),
                                             (MISSED, len(model) if missed else 0, model)):
                 if not offered or UNREAD in tokens:
                     continue
@@ -442,6 +451,11 @@ def _parallel_drafter(engine) -> bool:
     """Whether the engine's draft model is a ParallelSpec drafter (its [MASK] tokens draft every level in
     one forward; one that reads the target's hidden states takes no other round)."""
     return bool(getattr(getattr(engine, "draft", None), "n_masks", 0))
+
+
+def _kind(chain) -> str:
+    """The estimate a suffix chain is priced and judged with: FALLBACK for a one-token match's."""
+    return FALLBACK if chain and chain[0].fallback else "suffix"
 
 
 def _unseen(seq) -> int:
