@@ -84,12 +84,12 @@ def test_the_one_token_fallback_is_judged_apart_from_longer_matches():
     kind keeps its own estimate, so at a price where a drafted token must be right a sixth of the time
     the longer match's chain is drafted whole and the fallback's declined (one estimate for both
     would price each at their mix, about a half: a two-token prefix of either)."""
-    assert best_option(0.0, 0.5, 3, MILD, 0, 1, graft=True) == (0, 2)
     from types import SimpleNamespace
 
     from seed_tot.engine.policies.choose import FALLBACK
     from seed_tot.engine.suffix_index import DraftNode
 
+    assert best_option(0.0, 0.5, 3, MILD, 0, 1, graft=True) == (0, 2)  # the mix's price
     policy = ChoosePolicy(MILD, SuffixSource(depth=4), max_len=3, costs_at="calibrated")
     policy.source = SimpleNamespace(observe=lambda seq: None)
     seq = SimpleNamespace(rule=SimpleNamespace(params=SamplingParams(max_new_tokens=64, temperature=0, phase="thought")),
@@ -116,6 +116,7 @@ def test_the_one_token_fallback_is_judged_apart_from_longer_matches():
 
 
 def test_only_the_one_token_fallback_marks_its_draft():
+    """What `choose` tells the two kinds apart by: unigram_draft's nodes say so, draft_from's do not."""
     from seed_tot.engine.suffix_index import PreviousOccurrence, draft_from, unigram_draft
 
     tokens = [4, 8, 9, 1, 4]
