@@ -17,7 +17,7 @@ from seed_tot.engine import summarize
 from seed_tot.engine.cost_model import Costs
 from seed_tot.engine.policies import check_policy_options
 from seed_tot.engine.policies.call_pricing import CallCost, call_kind
-from seed_tot.engine.policies.choose import ChoosePolicy, SuffixOnly
+from seed_tot.engine.policies.choose import FALLBACK, ChoosePolicy, SuffixOnly
 from seed_tot.engine.policies.choose_pricing import Coverage, Estimate, option_saving
 from seed_tot.engine.policies.suffix import SuffixSource
 
@@ -98,12 +98,13 @@ def test_an_unknown_prefill_setting_is_refused_before_any_model_loads():
         check_policy_options("choose", {"prefill": "sometimes"})
 
 
-def _covered(policy: ChoosePolicy, phase: str, share_rounds: int, length: int, acceptance: float) -> None:
-    """The phase's pooled rows saw a suffix chain of `length` in every round of `share_rounds`, and the
-    target took `acceptance` of its tokens."""
+def _covered(policy: ChoosePolicy, phase: str, share_rounds: int, length: int, acceptance: float,
+             kind: str = "suffix") -> None:
+    """The phase's pooled rows saw a suffix chain of `length` and `kind` in every round of `share_rounds`,
+    and the target took `acceptance` of its tokens."""
     for _ in range(share_rounds):
-        policy._coverage.setdefault(phase, Coverage()).add(length, 0.99)
-        policy._phases.setdefault((phase, "suffix"), Estimate()).add(round(acceptance * length), length, 0.9)
+        policy._coverage.setdefault(phase, Coverage()).add(kind, length, 0.99)
+        policy._phases.setdefault((phase, kind), Estimate()).add(round(acceptance * length), length, 0.9)
 
 
 def test_a_sure_suffix_chain_leaves_the_model_little_to_add():
@@ -123,6 +124,23 @@ def test_where_the_suffix_source_covers_a_phase_the_model_is_priced_at_what_it_a
     assert policy.drafts_call(30, 2, dataclasses.replace(greedy, phase="value"))  # another phase: not covered
     # a sampled row must not read other rows: its call is priced as before, whatever the phase's text gave
     assert policy.drafts_call(30, 2, sampled)
+
+
+def test_rounds_covered_by_one_token_fallback_chains_are_priced_at_the_fallbacks_own_acceptance():
+    """Longer matches are right 0.9 of the time, but every covered round offered a fallback chain the
+    target never took: those rounds are priced at the fallback's acceptance, so the model still pays
+    its prefill. Once longer matches cover the phase as well, the model is declined."""
+    policy, greedy = _policy(PRICED), SamplingParams(max_new_tokens=64, temperature=0, phase="thought")
+    policy._phases.setdefault(("thought", "suffix"), Estimate()).add(90, 100, 0.9)
+    _covered(policy, "thought", 100, 6, 0.0, kind=FALLBACK)
+    for _ in range(200):  # a long record of wrong fallback guesses, not a decayed one
+        policy._phases["thought", FALLBACK].add(0, 6, 1.0)
+    cover = policy._coverage["thought"]
+    assert cover.kinds() == [FALLBACK] and cover.share(FALLBACK) > 0.6 and cover.share("suffix") == 0
+    assert policy.drafts_call(30, 2, greedy)
+    _covered(policy, "thought", 300, 6, 0.9)  # now the longer matches offer a chain in most rounds
+    assert cover.share("suffix") > 0.9 and cover.length("suffix") == 6
+    assert not policy.drafts_call(30, 2, greedy)
 
 
 def test_calls_declined_once_the_suffix_source_covers_them_equal_the_target_alone(pair):

@@ -251,23 +251,27 @@ class ChoosePolicy(DraftPolicy):
         forward: in rounds without a suffix chain what they save over plain steps (auto's pricing,
         decode_saving); in the share of rounds where the phase's suffix source offered one (a row that
         may read other rows: its phase's coverage so far), only what they save beyond that chain alone
-        at the suffix source's acceptance and the model's where that chain is wrong (MISSED), since
-        the suffix chain drafts for free."""
+        at the acceptance of its kind (a one-token match's chains, FALLBACK, are right less often than
+        longer matches') and the model's where that chain is wrong (MISSED), since the suffix chain
+        drafts for free."""
         costs = self._costs(params, shared)
         alone = decode_saving(alpha, costs, self.max_len, shared)
         cover = self._coverage.get(params.phase) if self._pooled(params) else None
-        if cover is None or not cover.offered:
+        if cover is None or not cover.kinds():
             return alone
-        a_suffix = self.prior
-        if (params.phase, "suffix") in self._phases:
-            a_suffix = self._phases[params.phase, "suffix"].value(self.prior, self.prior_weight)
         missed = alpha
         if (params.phase, MISSED) in self._phases:
             missed = self._phases[params.phase, MISSED].value(alpha, self.prior_weight)
-        length, one_pass = cover.length(), self.model is not None
-        beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass, missed)
-                  - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
-        return (1.0 - cover.share()) * alone + cover.share() * max(0.0, beside)
+        one_pass, covered, saving = self.model is not None, 0.0, 0.0
+        for kind in cover.kinds():
+            a_suffix = self.prior
+            if (params.phase, kind) in self._phases:
+                a_suffix = self._phases[params.phase, kind].value(self.prior, self.prior_weight)
+            length, share = cover.length(kind), cover.share(kind)
+            beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass, missed)
+                      - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
+            covered, saving = covered + share, saving + share * max(0.0, beside)
+        return (1.0 - covered) * alone + saving
 
     def declined(self) -> "SuffixOnly":
         return self._suffix_only
@@ -331,13 +335,14 @@ class ChoosePolicy(DraftPolicy):
             k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, _kind(chain)), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
                                model and self.model is not None, pending=_unseen(seq), missed=self.alpha(seq, MISSED))
-        if self._pooled(params):  # how often, and how long, the suffix source offers a chain (_model_saving)
-            self._coverage.setdefault(params.phase, Coverage()).add(len(chain), COVERAGE_DECAY)
+        kind = _kind(chain)
+        if self._pooled(params):  # how often, and how long, each kind of suffix chain is offered (_model_saving)
+            self._coverage.setdefault(params.phase, Coverage()).add(kind, len(chain), COVERAGE_DECAY)
         k, l = self._probe(row, k, l, len(chain), model)
         if self.model is not None and k:
             k = self.max_len  # a probe of the model is its whole one-pass round
         row.taken, row.suffix_tokens, row.round = (k, l), [n.token for n in chain[:l]], None
-        row.suffix_kind = _kind(chain)
+        row.suffix_kind = kind
         row.chain_first = chain[0].token if chain else None
         if k == 0 and l == 0:
             return NoDraft(vocab_size)

@@ -105,22 +105,34 @@ class Estimate:
 
 
 class Coverage:
-    """Decayed rounds of one phase's pooled rows: how many, how many the suffix source offered a chain
-    for, and those chains' nodes (what the call pricing subtracts the suffix source's share by)."""
+    """Decayed rounds of one phase's pooled rows: how many, and per kind of suffix chain (the estimate
+    it is judged in: "suffix" or choose.FALLBACK) how many it was offered for and those chains' nodes,
+    so the call pricing subtracts each kind's share at that kind's acceptance."""
 
     __slots__ = ("rounds", "offered", "nodes")
 
     def __init__(self):
-        self.rounds = self.offered = self.nodes = 0.0
+        self.rounds = 0.0
+        self.offered: dict[str, float] = {}
+        self.nodes: dict[str, float] = {}
 
-    def add(self, length: int, decay: float) -> None:
+    def add(self, kind: str, length: int, decay: float) -> None:
         self.rounds = decay * self.rounds + 1
-        self.offered = decay * self.offered + (length > 0)
-        self.nodes = decay * self.nodes + length
+        for k in self.offered:
+            self.offered[k] *= decay
+            self.nodes[k] *= decay
+        if length > 0:
+            self.offered[kind] = self.offered.get(kind, 0.0) + 1
+            self.nodes[kind] = self.nodes.get(kind, 0.0) + length
 
-    def share(self) -> float:
-        return self.offered / self.rounds if self.rounds else 0.0
+    def kinds(self) -> list[str]:
+        """The kinds of chain offered so far."""
+        return [k for k, n in self.offered.items() if n > 0]
 
-    def length(self) -> int:
-        """The offered chains' mean length, rounded (at least 1)."""
-        return max(1, round(self.nodes / self.offered)) if self.offered else 0
+    def share(self, kind: str) -> float:
+        return self.offered.get(kind, 0.0) / self.rounds if self.rounds else 0.0
+
+    def length(self, kind: str) -> int:
+        """The kind's offered chains' mean length, rounded (at least 1); 0 if none was offered."""
+        offered = self.offered.get(kind, 0.0)
+        return max(1, round(self.nodes[kind] / offered)) if offered else 0
