@@ -207,9 +207,7 @@ class ChoosePolicy(DraftPolicy):
         params = seq.rule.params
         start = self.prior if source != MISSED else self.alpha(seq, "model")
         if self._pooled(params):
-            pooled = self._phases.get((params.phase, source))
-            if pooled is not None:
-                start = pooled.value(start, self.prior_weight)
+            start = self._phase_alpha(params.phase, source, start)
         return self._row(seq).est[source].value(start, self.prior_weight)
 
     def drafts_call(self, prefill_tokens: int, rows: int, params: SamplingParams, load: int | None = None) -> bool:
@@ -221,9 +219,7 @@ class ChoosePolicy(DraftPolicy):
         if not self.prices_prefill or rows < 1:
             return True
         pooled = self._pooled(params)  # a sampled call under load=greedy: priced at the prior and its budget
-        alpha = self.prior
-        if pooled and (params.phase, "model") in self._phases:
-            alpha = self._phases[params.phase, "model"].value(self.prior, self.prior_weight)
+        alpha = self._phase_alpha(params.phase, "model", self.prior) if pooled else self.prior
         cost = self.costs.draft(prefill_tokens)
         measured = self.ledger.saving(params) if pooled else None
         verdict, saving, tokens = self.calls.price(
@@ -257,21 +253,20 @@ class ChoosePolicy(DraftPolicy):
         costs = self._costs(params, shared)
         alone = decode_saving(alpha, costs, self.max_len, shared)
         cover = self._coverage.get(params.phase) if self._pooled(params) else None
-        if cover is None or not cover.kinds():
+        if cover is None:
             return alone
-        missed = alpha
-        if (params.phase, MISSED) in self._phases:
-            missed = self._phases[params.phase, MISSED].value(alpha, self.prior_weight)
-        one_pass, covered, saving = self.model is not None, 0.0, 0.0
-        for kind in cover.kinds():
-            a_suffix = self.prior
-            if (params.phase, kind) in self._phases:
-                a_suffix = self._phases[params.phase, kind].value(self.prior, self.prior_weight)
-            length, share = cover.length(kind), cover.share(kind)
-            beside = (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass, missed)
-                      - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
-            covered, saving = covered + share, saving + share * max(0.0, beside)
-        return (1.0 - covered) * alone + saving
+        missed, one_pass = self._phase_alpha(params.phase, MISSED, alpha), self.model is not None
+
+        def beside(kind: str, length: int) -> float:
+            a_suffix = self._phase_alpha(params.phase, kind, self.prior)
+            return (option_saving(alpha, a_suffix, length, costs, self.max_len, shared, self.graft, one_pass, missed)
+                    - option_saving(alpha, a_suffix, length, costs, 0, shared, self.graft))
+        return cover.priced(alone, beside)
+
+    def _phase_alpha(self, phase: str, source: str, start: float) -> float:
+        """A source's pooled acceptance in a phase, from `start` until its rounds say otherwise."""
+        pooled = self._phases.get((phase, source))
+        return start if pooled is None else pooled.value(start, self.prior_weight)
 
     def declined(self) -> "SuffixOnly":
         return self._suffix_only
@@ -328,14 +323,15 @@ class ChoosePolicy(DraftPolicy):
         b = TreeBuilder(seq, params, vocab_size)
         rows = self._load.pop(id(seq), priced_rows(params, self.sampled_rows))
         plan = self._plans.pop(id(seq), None)
-        if plan is not None and model and plan[2] == b.remaining:  # the batch's plan (plan_batch)
-            k, l, _, chain = plan
+        planned = plan is not None and model and plan[2] == b.remaining  # the batch's plan (plan_batch)
+        chain = plan[3] if planned else _chain(self.source.draft(seq, b.remaining))
+        kind = _kind(chain)
+        if planned:
+            k, l = plan[:2]
         else:
-            chain = _chain(self.source.draft(seq, b.remaining))
-            k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, _kind(chain)), len(chain),
+            k, l = best_option(self.alpha(seq, "model"), self.alpha(seq, kind), len(chain),
                                self._costs(params, rows), self.max_len if model else 0, rows, self.graft,
                                model and self.model is not None, pending=_unseen(seq), missed=self.alpha(seq, MISSED))
-        kind = _kind(chain)
         if self._pooled(params):  # how often, and how long, each kind of suffix chain is offered (_model_saving)
             self._coverage.setdefault(params.phase, Coverage()).add(kind, len(chain), COVERAGE_DECAY)
         k, l = self._probe(row, k, l, len(chain), model)

@@ -132,6 +132,13 @@ class Coverage:
     def share(self, kind: str) -> float:
         return self.offered.get(kind, 0.0) / self.rounds if self.rounds else 0.0
 
+    def priced(self, alone: float, beside) -> float:
+        """A saving per new token over the phase's rounds: `alone` in rounds no chain was offered for,
+        beside(kind, its mean chain length) in each kind's share of them."""
+        kinds = self.kinds()
+        covered = sum(self.share(k) for k in kinds)
+        return (1.0 - covered) * alone + sum(self.share(k) * max(0.0, beside(k, self.length(k))) for k in kinds)
+
     def length(self, kind: str) -> int:
         """The kind's offered chains' mean length, rounded (at least 1); 0 if none was offered."""
         offered = self.offered.get(kind, 0.0)
