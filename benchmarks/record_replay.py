@@ -1,6 +1,8 @@
 """Record a real ToT run's token streams for the synthetic engine's replay oracle (seed_tot/replay.py).
 
     .venv/bin/python benchmarks/record_replay.py            # writes benchmarks/replay/gsm8k-smollm2.jsonl.gz
+    python benchmarks/record_replay.py --target $Q/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --limit 8 \
+        --output runs/gsm8k-qwen.jsonl.gz                     # another target's text, for text_draft_replay.py
 
 Runs the embedded SmolLM2-135M-Instruct target on the CPU, greedy, `parallel` mode (batched target
 steps only: the tokens are the target's alone, whatever the mode), over the two workloads that
@@ -65,9 +67,13 @@ def main() -> None:
     ap.add_argument("--data", default=str(REPLAY_DATA))
     ap.add_argument("--limit", type=int, default=REPLAY_LIMIT)
     ap.add_argument("--max-new-tokens", type=int, default=REPLAY_TOKENS)
+    ap.add_argument("--target", help="a Hub id, local directory or .gguf (default: the embedded SmolLM2-135M-Instruct, "
+                                     "whose recording the replay-* presets read)")
     args = ap.parse_args()
+    if args.target and args.output.resolve() == DEFAULT_RECORDING.resolve():
+        ap.error(f"--target: give --output too ({DEFAULT_RECORDING} is the embedded target's recording)")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = RecordingEngine.from_pretrained(device="cpu", dtype="float32")
+    engine = RecordingEngine.from_pretrained(args.target, device="cpu", dtype="float32", load_draft=False)
     greedy = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
     parallel = ModeSpec("parallel", DecodeSpec(mode="parallel"))
 
@@ -88,14 +94,16 @@ def main() -> None:
     if missing:
         raise RuntimeError(f"calls {missing} never finished: the recording would be incomplete")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    header = {"format": FORMAT, "tokenizer": TOKENIZER_FILE, "target": Path(engine.target_name).name,
+    # the tokenizer ships beside the recording; another target's gets a name of its own
+    tokenizer_file = TOKENIZER_FILE if not args.target else args.output.name.split(".")[0] + "-tokenizer.tar.xz"
+    header = {"format": FORMAT, "tokenizer": tokenizer_file, "target": Path(engine.target_name).name,
               "vocab_size": len(engine.tokenizer), "eos_token_ids": sorted(engine.eos_ids),
               "recorded": datetime.date.today().isoformat(), "temperature": 0.0,
               "max_new_tokens": args.max_new_tokens, "data": Path(args.data).name, "limit": args.limit}
     with gzip.open(args.output, "wt", encoding="utf-8", compresslevel=9) as f:
         for line in [header] + engine.calls:
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
-    pack_tokenizer(engine.tokenizer, args.output.parent / TOKENIZER_FILE)
+    pack_tokenizer(engine.tokenizer, args.output.parent / tokenizer_file)
     tokens = sum(len(r["prompt"]) + len(r["output"]) for c in engine.calls for r in c["rows"])
     log.info("wrote %s: %d calls, %d tokens, %d bytes", args.output, len(engine.calls), tokens,
              args.output.stat().st_size)
