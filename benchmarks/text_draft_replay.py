@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.params import SamplingParams
 from seed_tot.engine.policies import parse_policy_options
 from seed_tot.engine.policies.prompt_lookup import PromptLookupPolicy, lookup_continuation
@@ -81,8 +82,9 @@ class Drafter:
             raise ValueError(f"drafter {label!r}: {', '.join(unknown)} is not an option of {name!r} "
                              f"(it takes {', '.join(allowed)})")
         if name == "lookup":
-            o = PromptLookupPolicy.parse_options(**opts)
-            self.ngram, self.depth, self.source = o["ngram"], o["depth"] or 3, None
+            # built as the engine builds it for the default spec (depth: len(k_config) unless given)
+            policy = PromptLookupPolicy.from_options(None, DecodeSpec().k_config, None, **opts)
+            self.ngram, self.depth, self.source = policy.ngram, policy.depth, None
         elif name == "suffix":
             self.source = SuffixSource(**{k: v for k, v in SuffixSource.parse("suffix", **opts).items()
                                           if v is not None})

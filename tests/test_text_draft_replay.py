@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from seed_tot.engine.decode_spec import DecodeSpec
 from seed_tot.engine.suffix_index import DraftNode
 from seed_tot.replay import FORMAT, Recording, load_recording
 
@@ -105,3 +106,9 @@ def test_an_unknown_drafter_or_option_is_refused_by_name(tdr, label, says, capsy
         tdr["main"](["--drafters", label])
     err = capsys.readouterr().err
     assert "--drafters" in err and says in err
+
+
+def test_lookup_drafts_the_engines_default_depth_unless_given(tdr):
+    assert tdr["Drafter"]("lookup").depth == len(DecodeSpec().k_config)
+    assert tdr["Drafter"]("lookup:depth=8").depth == 8
+    assert tdr["Drafter"]("lookup:ngram=2").ngram == 2
