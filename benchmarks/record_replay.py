@@ -1,8 +1,9 @@
 """Record a real ToT run's token streams for the synthetic engine's replay oracle (seed_tot/replay.py).
 
     .venv/bin/python benchmarks/record_replay.py            # writes benchmarks/replay/gsm8k-smollm2.jsonl.gz
-    python benchmarks/record_replay.py --target $Q/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --limit 8 \
-        --output runs/gsm8k-qwen.jsonl.gz                     # another target's text, for text_draft_replay.py
+    python benchmarks/record_replay.py --target $Q/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+        --data ../shared/data/gsm8k/test.jsonl --limit 8 --output runs/gsm8k-qwen.jsonl.gz
+                                                              # another target's text, for text_draft_replay.py
 
 Runs the embedded SmolLM2-135M-Instruct target on the CPU, greedy, `parallel` mode (batched target
 steps only: the tokens are the target's alone, whatever the mode), over the two workloads that
