@@ -7,10 +7,9 @@ import runpy
 from pathlib import Path
 
 import pytest
-import torch
 
-from seed_tot.replay import DEFAULT_RECORDING, load_recording
 from conftest import reference_greedy, save_char_tokenizer, tiny_model
+from seed_tot.replay import DEFAULT_RECORDING, load_recording
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -37,9 +36,8 @@ def test_a_blocksworld_recording_holds_the_targets_greedy_solves_and_replays(tar
     assert {c["phase"] for c in recording.calls} >= {"thought"}
     model = tiny_model("llama", seed=7, vocab=recording.vocab_size, eos=recording.vocab_size - 1)
     first = recording.calls[0]["rows"][0]
-    with torch.no_grad():
-        expected = reference_greedy(model, first["prompt"], len(first["output"]))
-    assert first["output"] == expected[:len(first["output"])]
+    expected = reference_greedy(model, first["prompt"], len(first["output"]))  # a stop string may end a row early
+    assert first["output"] and first["output"] == expected[:len(first["output"])]
     assert (out.parent / recording.header["tokenizer"]).is_file()
 
     lines = runpy.run_path(str(BENCHMARKS / "text_draft_replay.py"))["main"](
