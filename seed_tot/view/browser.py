@@ -65,6 +65,12 @@ def headless_chromium(width: int = 1400, height: int = 900) -> Iterator[Any]:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     try:
+        # The browser starts on its own new-tab page, which differs between Chromium builds (some load
+        # chrome-untrusted:// parts and images); leave it and drop its log lines, so the logs begin
+        # at the first page the caller opens.
+        driver.get("about:blank")
+        driver.get_log("performance")
+        driver.get_log("browser")
         yield driver
     finally:
         driver.quit()
@@ -83,12 +89,18 @@ def console_errors(driver: Any) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
 
 
+# Schemes the browser serves from itself (its new-tab page and that page's parts, e.g.
+# chrome-untrusted://new-tab-page/...); none leaves the machine.
+BROWSER_INTERNAL_SCHEMES = ("chrome://", "chrome-untrusted://", "chrome-search://", "chrome-extension://",
+                            "devtools://")
+
+
 def requested_urls(driver: Any) -> list[str]:
     """Every URL the browser asked for since the last call (from the DevTools network events),
-    except the browser's own chrome:// pages (its start page), which never leave the machine."""
+    except those of the browser's own pages (BROWSER_INTERNAL_SCHEMES)."""
     urls = []
     for entry in driver.get_log("performance"):
         message = json.loads(entry["message"])["message"]
         if message.get("method") == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
-    return [url for url in urls if not url.startswith("chrome://")]
+    return [url for url in urls if not url.startswith(BROWSER_INTERNAL_SCHEMES)]
