@@ -211,3 +211,31 @@ def test_calls_lent_to_the_suffix_source_equal_the_target_alone_and_report_what_
     assert policy.ledger.saving(params) is not None  # both groups finished calls
     model, text = (policy.ledger.spent[call_kind(params), drafted] for drafted in (True, False))
     assert model[2] == 3 and text[2] == 1 and text[0] == sum(len(r.token_ids) for r in results) and text[1] > 0
+
+
+
+# a target round that costs a lone row 1.0 s and twelve rows 1.1 s, past which each verified token adds
+# 0.094 s (a CPU's compute-bound forward); a draft no call can repay the prefill of
+ROUND_OF_12 = Costs(1.0, 0.0, 0.005, ((1, 1.0), (12, 1.1), (64, 6.0)), ((1, 0.005), (2, 60.0)))
+
+
+def _drafted_share(engine, prompts: list[list[int]]) -> float:
+    """The share of rounds a declined call's rows drafted in, its tokens checked against the target's."""
+    policy, params = _policy(ROUND_OF_12), dataclasses.replace(THOUGHT_12, max_new_tokens=40)
+    results = engine.generate(prompts, params, mode="seed", draft_policy=policy)
+    assert [r.token_ids for r in results] == [reference_greedy(engine.target, p, 40) for p in prompts]
+    assert sum(r.stats.draft_prefills for r in results) == 0  # declined: the suffix source alone
+    rounds = [rec["drafted"] for rec in policy.records]
+    return sum(d > 0 for d in rounds) / len(rounds)
+
+
+def test_a_declined_calls_rows_are_priced_at_the_forward_they_share(pair):
+    """A row alone pays 0.009 s a drafted token for a step of 1.0 s, so its suffix chains pay; twelve
+    rows sharing a 1.1 s step pay 0.094 s a drafted token, more than a plain step's 0.092 s a token,
+    so only the probes draft. The suffix source drafts a row as soon as it is verified, on its own:
+    priced at that one row (as before 2026-12-02), the twelve drafted more often than the row alone."""
+    target, draft = pair
+    engine = Engine(target, draft)
+    prompts = [[k] + REPEATING * 8 for k in range(12)]
+    alone, crowd = _drafted_share(engine, prompts[:1]), _drafted_share(engine, prompts)
+    assert alone > 0.3 and crowd < alone / 3

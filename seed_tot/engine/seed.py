@@ -281,11 +281,21 @@ class SeedScheduler:
         else:  # prompt lookup: no forward, so it drafts now
             start = call.now()
             try:
-                tree, node_entry = draft_rows(None, [(seq, policy)], self.engine.vocab_size)[0]
+                tree, node_entry = draft_rows(None, [(seq, policy)], self.engine.vocab_size,
+                                              load=self._verified_beside(call))[0]
             except Exception as err:
                 self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {err!r}"), err)
                 return
             self._push(seq, call, tree, node_entry, start)
+
+    def _verified_beside(self, call: Call) -> int:
+        """The rows a draft made now is expected to share its target forward with, itself included:
+        every row of the step's calls that runs or is about to (a call's n_workers at most), up to
+        `call`'s verify_batch. A cost-aware policy prices a drafted token against that forward's plain
+        rate; a row drafted on its own (prompt lookup, the suffix source) would otherwise be priced as
+        a lone row's step, where any draft looks free."""
+        rows = sum(min(c.n_workers, c.live + len(c.waiting)) for c in self._calls if not c.over)
+        return max(1, rows if call.verify_batch is None else min(rows, call.verify_batch))
 
     def _push(self, seq: Sequence, call: Call, tree: DraftTree, node_entry: dict[int, int],
               draft_start: float | None = None) -> None:
@@ -306,7 +316,8 @@ class SeedScheduler:
                 continue
             starts = [call.now() for _, call in batch]
             with self._streams.drafting():
-                outcomes = _draft_isolated(self.engine.draft_runtime, batch, self.engine.vocab_size)
+                outcomes = _draft_isolated(self.engine.draft_runtime, batch, self.engine.vocab_size,
+                                           self._verified_beside(batch[0][1]))
             for (seq, call), start, outcome in zip(batch, starts, outcomes):
                 if isinstance(outcome, Exception):  # confined to this row's call, which raises it naming the row
                     self._end(call, SeedError(f"draft worker for sequence {seq.index} failed: {outcome!r}"), outcome)
@@ -416,14 +427,15 @@ class SeedScheduler:
             self._end(call, err)
 
 
-def _draft_isolated(runtime, batch: list[tuple[Sequence, Call]], vocab_size: int) -> list:
+def _draft_isolated(runtime, batch: list[tuple[Sequence, Call]], vocab_size: int, load: int | None = None) -> list:
     """One batched draft round of the rows; if it fails, each call's rows are drafted again on their
     own (their draft caches back to where the round began), so one call's fault (its policy, its row)
     cannot end the other calls that shared the round. Per row: (tree, node_entry) or the exception."""
     marks = [len(seq.draft.parents) if seq.draft is not None else 0 for seq, _ in batch]  # no draft model: lookup
     try:
         # picks left on the device are read by the verification's one transfer (verify.py)
-        return draft_rows(runtime, [(seq, call.policy) for seq, call in batch], vocab_size, defer_tokens=True)
+        return draft_rows(runtime, [(seq, call.policy) for seq, call in batch], vocab_size, defer_tokens=True,
+                          load=load)
     except Exception as err:
         by_call: dict[int, list[int]] = {}
         for i, (_, call) in enumerate(batch):
@@ -439,7 +451,7 @@ def _draft_isolated(runtime, batch: list[tuple[Sequence, Call]], vocab_size: int
                 kv.parents = kv.parents[:mark]
         outcomes: list = [None] * len(batch)
         for rows in by_call.values():
-            for i, outcome in zip(rows, _draft_isolated(runtime, [batch[i] for i in rows], vocab_size)):
+            for i, outcome in zip(rows, _draft_isolated(runtime, [batch[i] for i in rows], vocab_size, load)):
                 outcomes[i] = outcome
         return outcomes
 

@@ -56,7 +56,7 @@ def extend(runtime: ModelRuntime, kv, tokens: list[int], features: torch.Tensor 
 
 @torch.inference_mode()
 def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPolicy]], vocab_size: int,
-               params: SamplingParams | None = None, defer_tokens: bool = False
+               params: SamplingParams | None = None, defer_tokens: bool = False, load: int | None = None
                ) -> list[tuple[DraftTree, dict[int, int]]]:
     """One draft round for every (sequence, its call's policy): one draft forward per step of the
     longest round, every row still drafting in it. Each round is its policy's state machine fed its
@@ -65,12 +65,14 @@ def draft_rows(runtime: ModelRuntime | None, rows: list[tuple[Sequence, DraftPol
     runtime: the draft model's (None: policies that never feed it, prompt lookup).
     Returns, per row, the tree and, per tree node fed to the draft model, its draft-cache entry.
     Picks a policy left on the device (DraftTree.device_tokens) are read with one transfer for every
-    row at the end, or, with defer_tokens, by the verification's one transfer (accept_rows)."""
+    row at the end, or, with defer_tokens, by the verification's one transfer (accept_rows).
+    load: the rows the target forward that verifies these drafts is expected to hold, which the
+    policies price a drafted token against (default, and at least: this round's rows)."""
     by_policy: dict[int, tuple[DraftPolicy, list[Sequence]]] = {}
     for seq, policy in rows:
         by_policy.setdefault(id(policy), (policy, []))[1].append(seq)
     for policy, seqs in by_policy.values():
-        policy.plan_batch(seqs, len(rows))
+        policy.plan_batch(seqs, max(load or 0, len(rows)))
     seqs = [seq for seq, _ in rows]
     start = time.perf_counter()
     rounds = [policy.begin(seq, params or seq.rule.params, vocab_size) for seq, policy in rows]

@@ -73,7 +73,7 @@ from .call_pricing import PREFILL_PRICING, CallCost, CallLedger, CallPricing
 from .choose_pricing import COVERAGE_DECAY, Coverage, Estimate, best_option, option_saving
 from .fixed import FixedRound
 from .parallelspec import ParallelSpecPolicy
-from .suffix import SuffixRound, SuffixSource, add_device_nodes
+from .suffix import GraftRound, SuffixRound, SuffixSource
 
 SOURCES = ("model", "suffix")
 TEXT_PROBE_EVERY = 4  # a kind of call whose calls all run the model lends the 4th, 12th, 28th ... to the suffix source
@@ -191,10 +191,14 @@ class ChoosePolicy(DraftPolicy):
         if row is None:
             row = self._rows[id(seq)] = _Row(self.probe_every)
             try:  # a row of a failed or cancelled call never reaches `done`: its state goes with it
-                weakref.finalize(seq, self._rows.pop, id(seq), None)
+                weakref.finalize(seq, self._forget, id(seq))
             except TypeError:
                 pass
         return row
+
+    def _forget(self, key: int) -> None:
+        for held in (self._rows, self._load, self._plans):
+            held.pop(key, None)
 
     def _pooled(self, params: SamplingParams) -> bool:
         return reads_others(params, self.load)
@@ -276,12 +280,18 @@ class ChoosePolicy(DraftPolicy):
         if cost is not None and self._pooled(params):  # wall-clock seconds price only rows they cannot steer
             self.ledger.call_finished(params, cost)
 
-    def plan_batch(self, seqs: list, rows: int) -> None:
+    def plan_batch(self, seqs: list, rows: int, model: bool = True) -> None:
+        """The round's load for its jointly planned rows and, for rows of calls that run the model, their
+        joint plan. A declined call's rows (SuffixOnly: model False) share the forward as much as any:
+        priced as a lone row, every suffix chain would look free. One round may plan both kinds."""
         together = planned_together(seqs, self.load)
-        self._load = {id(s): rows for s in together}
-        self._plans = self._share_draft_steps(together, rows)
-        if self.model is not None:
-            self.model.plan_batch(seqs, rows)
+        for seq in together:
+            self._row(seq)  # its state, and these entries, go with the row (_row's finalizer)
+        self._load.update({id(s): rows for s in together})
+        if model:
+            self._plans.update(self._share_draft_steps(together, rows))
+            if self.model is not None:
+                self.model.plan_batch(seqs, rows)
 
     def _share_draft_steps(self, together: list, rows: int) -> dict[int, tuple[int, int, int, list]]:
         """Every jointly planned row's (model length, suffix length, its suffix limit, its suffix chain),
@@ -350,7 +360,7 @@ class ChoosePolicy(DraftPolicy):
             return rnd
         if l == 0:
             return FixedRound(b, (1,) * k)
-        return _GraftRound(b, (1,) * k, chain[:l])
+        return GraftRound(b, (1,) * k, chain[:l])
 
     def _costs(self, params: SamplingParams, rows: int):
         """What a round of `rows` rows is priced with: the measured load's costs for a row whose drafts
@@ -430,6 +440,9 @@ class SuffixOnly(DraftPolicy):
         self.choose = choose
         self.drafts_trees = choose.source.width > 1
 
+    def plan_batch(self, seqs: list, rows: int) -> None:
+        self.choose.plan_batch(seqs, rows, model=False)
+
     def begin(self, seq, params: SamplingParams, vocab_size: int) -> DraftRound:
         return self.choose.begin(seq, params, vocab_size, model=False)
 
@@ -482,19 +495,3 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         n += 1
     return n
 
-
-class _GraftRound(FixedRound):
-    """The draft model's chain with the suffix chain grafted beside it off the root. The suffix nodes
-    are added first (picked nodes before the model's draws in the root's sibling group, as the
-    verifier takes them), their tokens copied to the device where the model's picks wait, at the
-    first draft step (when that device is known); they are never fed to the draft model."""
-
-    def __init__(self, builder: TreeBuilder, k_config: tuple[int, ...], chain: list):
-        super().__init__(builder, k_config)
-        self.chain = chain
-
-    def step(self, logits, hidden, drawn=None):
-        if drawn is not None and self.chain:
-            add_device_nodes(self.b, self.chain, logits.device)
-            self.chain = []
-        return super().step(logits, hidden, drawn)

@@ -27,6 +27,7 @@ from ..host_to_device import to_device
 from ..params import SamplingParams
 from ..suffix_index import SHARES, UNIGRAM_ROWS, DraftNode, SuffixScopes
 from .base import DraftPolicy, DraftRound, TreeBuilder, choice_option, option
+from .fixed import FixedRound
 
 
 class SuffixSource:
@@ -140,3 +141,20 @@ class SuffixRound(DraftRound):
     def finish(self):
         add_host_nodes(self.b, self.nodes)
         return self.b.tree()
+
+
+class GraftRound(FixedRound):
+    """`choose`'s round of the draft model's chain with the suffix chain grafted beside it off the
+    root. The suffix nodes are added first (picked nodes before the model's draws in the root's
+    sibling group, as the verifier takes them), their tokens copied to the device where the model's
+    picks wait, at the first draft step (when that device is known); never fed to the draft model."""
+
+    def __init__(self, builder: TreeBuilder, k_config: tuple[int, ...], chain: list):
+        super().__init__(builder, k_config)
+        self.chain = chain
+
+    def step(self, logits, hidden, drawn=None):
+        if drawn is not None and self.chain:
+            add_device_nodes(self.b, self.chain, logits.device)
+            self.chain = []
+        return super().step(logits, hidden, drawn)
